@@ -1,0 +1,336 @@
+"""The three CRDs, as code: the one source of `crds/*.yaml` (`python -m etoperator.api.crds`).
+
+A test regenerates them and fails on drift. Pod templates keep unknown fields (they are full
+PodTemplateSpecs, and their metadata must survive pruning); everything the operator reads is
+typed, bounded and defaulted so the API server rejects bad input before the operator sees it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from etoperator import naming
+from etoperator.api import models
+
+Schema = dict[str, Any]
+
+
+def _int(minimum: int | None = None, default: int | None = None, desc: str = "") -> Schema:
+    s: Schema = {"type": "integer", "format": "int32"}
+    if minimum is not None:
+        s["minimum"] = minimum
+    if default is not None:
+        s["default"] = default
+    if desc:
+        s["description"] = desc
+    return s
+
+
+def _enum(values: tuple[str, ...], default: str | None, desc: str) -> Schema:
+    s: Schema = {"type": "string", "enum": list(values), "description": desc}
+    if default is not None:
+        s["default"] = default
+    return s
+
+
+def _pod_template(desc: str) -> Schema:
+    return {
+        "type": "object",
+        "description": desc,
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {
+            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "spec": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "required": ["containers"],
+                "properties": {
+                    "containers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        },
+                    }
+                },
+            },
+        },
+    }
+
+
+_CONDITIONS: Schema = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string"},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastUpdateTime": {"type": "string", "format": "date-time"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+        },
+    },
+}
+
+_REPLICA_STATUS: Schema = {
+    "type": "object",
+    "properties": {k: _int() for k in ("active", "succeeded", "failed")},
+}
+
+_REPLICA_STATUSES: Schema = {
+    "type": "object",
+    "properties": {"Launcher": _REPLICA_STATUS, "Worker": _REPLICA_STATUS},
+}
+
+_STRINGS: Schema = {"type": "array", "items": {"type": "string"}}
+
+
+def _common_status(extra: dict[str, Schema]) -> Schema:
+    return {
+        "type": "object",
+        "properties": {
+            "phase": {"type": "string"},
+            "conditions": _CONDITIONS,
+            "replicaStatuses": _REPLICA_STATUSES,
+            "startTime": {"type": "string", "format": "date-time"},
+            "completionTime": {"type": "string", "format": "date-time"},
+            "lastReconcileTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer"},
+            **extra,
+        },
+    }
+
+
+_WORKER_CEL = [
+    {
+        "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+        "message": "minReplicas must not exceed replicas",
+    },
+    {
+        "rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+        "message": "replicas must not exceed maxReplicas",
+    },
+]
+
+
+def trainingjob_schema() -> Schema:
+    worker: Schema = {
+        "type": "object",
+        "required": ["template"],
+        "x-kubernetes-validations": _WORKER_CEL,
+        "properties": {
+            "replicas": _int(1, 1, "initial and desired worker count"),
+            "minReplicas": _int(1, None, "fewest workers scaling may leave (default 1)"),
+            "maxReplicas": _int(1, None, "most workers scaling may reach (default unbounded)"),
+            "restartPolicy": _enum(
+                models.WORKER_RESTART_POLICIES, None, "replace a failed worker? (default Never)"
+            ),
+            "template": _pod_template("PodTemplateSpec of a worker"),
+        },
+    }
+    launcher: Schema = {
+        "type": "object",
+        "required": ["template"],
+        "properties": {
+            "replicas": {**_int(1, 1, "always 1"), "maximum": 1},
+            "restartPolicy": _enum(
+                models.WORKER_RESTART_POLICIES, None,
+                "Always or OnFailure recreate a lost launcher (default Never: the job fails)",
+            ),
+            "template": _pod_template("PodTemplateSpec of the launcher"),
+        },
+    }
+    spec: Schema = {
+        "type": "object",
+        "required": ["etReplicaSpecs"],
+        "properties": {
+            "etReplicaSpecs": {
+                "type": "object",
+                "required": ["launcher", "worker"],
+                "properties": {"launcher": launcher, "worker": worker},
+            },
+            "slotsPerWorker": _int(1, None, "slots per host (default: GPU limit, else 1)"),
+            "cleanPodPolicy": _enum(models.CLEAN_POD_POLICIES, "Running", "pods to delete at end"),
+            "restartPolicy": _enum(models.JOB_RESTART_POLICIES, "Never", "restart a failed job?"),
+            "backoffLimit": _int(0, models.DEFAULT_BACKOFF_LIMIT, "most whole-job restarts"),
+            "launcherAttachMode": _enum(models.ATTACH_MODES, "ssh", "how the launcher reaches workers"),
+        },
+    }
+    status = _common_status(
+        {
+            "restartCount": _int(0),
+            "currentScaler": {"type": "string"},
+            "targetWorkers": _STRINGS,
+            "currentWorkers": _STRINGS,
+            "replicas": _int(0),
+            "workerSelector": {"type": "string"},
+            "lastWorkerIndex": {"type": "integer"},
+            "runStartIndex": {"type": "integer"},
+        }
+    )
+    return {"type": "object", "properties": {"spec": spec, "status": status}}
+
+
+def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
+    return {
+        "type": "object",
+        "required": ["selector", *required],
+        "properties": {
+            "selector": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 63}},
+            },
+            "timeout": _int(1, models.DEFAULT_TIMEOUT, "seconds the scale may take"),
+            "script": {"type": "string", "description": "absolute path of a script in the launcher"},
+            "env": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+                },
+            },
+            "backoffLimit": _int(0, None, "accepted for compatibility; unused"),
+            **extra,
+        },
+    }
+
+
+def scaleout_schema() -> Schema:
+    spec = _scaler_spec(
+        {
+            "toAdd": {
+                "type": "object",
+                "required": ["count"],
+                "properties": {"count": _int(1, None, "workers to add")},
+            }
+        },
+        ["toAdd"],
+    )
+    return {
+        "type": "object",
+        "properties": {"spec": spec, "status": _common_status({"addPods": _STRINGS})},
+    }
+
+
+def scalein_schema() -> Schema:
+    spec = _scaler_spec(
+        {
+            "toDelete": {
+                "type": "object",
+                "x-kubernetes-validations": [
+                    {
+                        "rule": "has(self.count) != has(self.podNames)",
+                        "message": "give exactly one of count and podNames",
+                    }
+                ],
+                "properties": {
+                    "count": _int(1, None, "workers to remove, highest indices first"),
+                    "podNames": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                },
+            }
+        },
+        ["toDelete"],
+    )
+    return {
+        "type": "object",
+        "properties": {"spec": spec, "status": _common_status({"toDeletePods": _STRINGS})},
+    }
+
+
+def _crd(
+    kind: str, plural: str, short: str, schema: Schema,
+    columns: list[dict[str, Any]], scale: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    subresources: dict[str, Any] = {"status": {}}
+    if scale:
+        subresources["scale"] = scale
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{naming.GROUP}"},
+        "spec": {
+            "group": naming.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": ["etoperator"],
+            },
+            "versions": [
+                {
+                    "name": naming.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": subresources,
+                    "additionalPrinterColumns": [
+                        *columns,
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+_PHASE: dict[str, Any] = {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}
+
+
+def all_crds() -> dict[str, dict[str, Any]]:
+    """File name -> CRD manifest."""
+    return {
+        "trainingjobs.yaml": _crd(
+            naming.JOB_KIND, naming.JOB_PLURAL, "tj", trainingjob_schema(),
+            [
+                _PHASE,
+                {"name": "Workers", "type": "integer", "jsonPath": ".status.replicas"},
+                {"name": "Target", "type": "integer",
+                 "jsonPath": ".spec.etReplicaSpecs.worker.replicas"},
+                {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount",
+                 "priority": 1},
+            ],
+            scale={
+                "specReplicasPath": ".spec.etReplicaSpecs.worker.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.workerSelector",
+            },
+        ),
+        "scaleouts.yaml": _crd(
+            naming.SCALEOUT_KIND, naming.SCALEOUT_PLURAL, "so", scaleout_schema(),
+            [_PHASE, {"name": "Job", "type": "string", "jsonPath": ".spec.selector.name"}],
+        ),
+        "scaleins.yaml": _crd(
+            naming.SCALEIN_KIND, naming.SCALEIN_PLURAL, "si", scalein_schema(),
+            [_PHASE, {"name": "Job", "type": "string", "jsonPath": ".spec.selector.name"}],
+        ),
+    }
+
+
+def render(crd: dict[str, Any]) -> str:
+    header = "# Generated by `python -m etoperator.api.crds`; edit etoperator/api/crds.py instead.\n"
+    return header + yaml.safe_dump(crd, sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    out = Path(argv[0] if argv else "crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for fname, crd in all_crds().items():
+        (out / fname).write_text(render(crd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,253 @@
+"""Parsed, defaulted views of the three kinds, and the checks only the operator can make.
+
+The CRD schema (api/crds.py) rejects most bad input at the API server; these parsers repeat
+the essential checks so that a cluster without schema enforcement (or an object written before
+the CRD was updated) still gets a clear Failed condition instead of a crash.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from etoperator import naming
+
+WORKER_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+JOB_RESTART_POLICIES = ("Never", "OnFailure")
+CLEAN_POD_POLICIES = ("All", "Running", "None")
+ATTACH_MODES = ("ssh",)
+DEFAULT_TIMEOUT = 60
+DEFAULT_BACKOFF_LIMIT = 6
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class InvalidSpec(ValueError):
+    """A spec the operator cannot run; the message is shown to the user as-is."""
+
+
+def _int(value: Any, what: str, default: int | None, minimum: int | None = None) -> int | None:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"{what} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InvalidSpec(f"{what} must be at least {minimum}, got {value}")
+    return value
+
+
+def _choice(value: Any, what: str, allowed: tuple[str, ...], default: str) -> str:
+    if value is None:
+        return default
+    if value not in allowed:
+        raise InvalidSpec(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)
+
+
+def _dict(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidSpec(f"{what} must be an object")
+    return value
+
+
+def _template(value: Any, what: str) -> dict[str, Any]:
+    tpl = _dict(value, what)
+    containers = _dict(tpl.get("spec"), f"{what}.spec").get("containers")
+    if not isinstance(containers, list) or not containers or not isinstance(containers[0], dict):
+        raise InvalidSpec(f"{what}.spec.containers must list at least one container")
+    return copy.deepcopy(tpl)
+
+
+def _gpu_limit(template: dict[str, Any]) -> int | None:
+    limits = template["spec"]["containers"][0].get("resources", {}).get("limits", {}) or {}
+    raw = limits.get("nvidia.com/gpu")
+    try:
+        return int(str(raw)) if raw is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    template: dict[str, Any]
+    replicas: int
+    min_replicas: int
+    max_replicas: int | None
+    restart_policy: str
+
+
+@dataclass(frozen=True)
+class LauncherSpec:
+    template: dict[str, Any]
+    restart_policy: str
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    namespace: str
+    uid: str
+    launcher: LauncherSpec
+    worker: WorkerSpec
+    slots_per_worker: int
+    clean_pod_policy: str
+    restart_policy: str
+    backoff_limit: int
+    suspended: bool
+    ssh_secret: str | None
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def parse_job(body: dict[str, Any]) -> JobSpec:
+    """A defaulted JobSpec from a TrainingJob body; InvalidSpec says what is wrong."""
+    meta = body.get("metadata", {})
+    name = meta.get("name", "")
+    problem = naming.job_name_problem(name)
+    if problem:
+        raise InvalidSpec(problem)
+    spec = _dict(body.get("spec"), "spec")
+    replica_specs = _dict(spec.get("etReplicaSpecs"), "spec.etReplicaSpecs")
+    if "launcher" not in replica_specs or "worker" not in replica_specs:
+        raise InvalidSpec("spec.etReplicaSpecs needs both launcher and worker")
+    launcher = _dict(replica_specs["launcher"], "spec.etReplicaSpecs.launcher")
+    worker = _dict(replica_specs["worker"], "spec.etReplicaSpecs.worker")
+    wpath = "spec.etReplicaSpecs.worker"
+    replicas = _int(worker.get("replicas"), f"{wpath}.replicas", 1, 1)
+    min_r = _int(worker.get("minReplicas"), f"{wpath}.minReplicas", 1, 1)
+    max_r = _int(worker.get("maxReplicas"), f"{wpath}.maxReplicas", None, 1)
+    assert replicas is not None and min_r is not None
+    if min_r > replicas:
+        raise InvalidSpec(f"{wpath}.minReplicas ({min_r}) is above replicas ({replicas})")
+    if max_r is not None and replicas > max_r:
+        raise InvalidSpec(f"{wpath}.replicas ({replicas}) is above maxReplicas ({max_r})")
+    lreplicas = _int(launcher.get("replicas"), "spec.etReplicaSpecs.launcher.replicas", 1, 1)
+    if lreplicas != 1:
+        raise InvalidSpec(f"spec.etReplicaSpecs.launcher.replicas must be 1, got {lreplicas}")
+    wtemplate = _template(worker.get("template"), f"{wpath}.template")
+    ltemplate = _template(launcher.get("template"), "spec.etReplicaSpecs.launcher.template")
+    slots = _int(spec.get("slotsPerWorker"), "spec.slotsPerWorker", None, 1)
+    if slots is None:
+        slots = _gpu_limit(wtemplate) or 1
+    _choice(spec.get("launcherAttachMode"), "spec.launcherAttachMode", ATTACH_MODES, "ssh")
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    ssh_secret = annotations.get(naming.ANN_SSH_SECRET) or None
+    if ssh_secret is not None and not naming.is_dns1123_subdomain(ssh_secret):
+        raise InvalidSpec(f"annotation {naming.ANN_SSH_SECRET} names no valid Secret")
+    backoff = _int(spec.get("backoffLimit"), "spec.backoffLimit", DEFAULT_BACKOFF_LIMIT, 0)
+    assert backoff is not None
+    return JobSpec(
+        name=name,
+        namespace=meta.get("namespace", "default"),
+        uid=meta.get("uid", ""),
+        launcher=LauncherSpec(
+            template=ltemplate,
+            restart_policy=_choice(
+                launcher.get("restartPolicy"),
+                "spec.etReplicaSpecs.launcher.restartPolicy",
+                WORKER_RESTART_POLICIES,
+                "Never",
+            ),
+        ),
+        worker=WorkerSpec(
+            template=wtemplate,
+            replicas=replicas,
+            min_replicas=min_r,
+            max_replicas=max_r,
+            restart_policy=_choice(
+                worker.get("restartPolicy"), f"{wpath}.restartPolicy",
+                WORKER_RESTART_POLICIES, "Never",
+            ),
+        ),
+        slots_per_worker=slots,
+        clean_pod_policy=_choice(
+            spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"
+        ),
+        restart_policy=_choice(
+            spec.get("restartPolicy"), "spec.restartPolicy", JOB_RESTART_POLICIES, "Never"
+        ),
+        backoff_limit=backoff,
+        suspended=annotations.get(naming.ANN_SUSPENDED, "").lower() == "true",
+        ssh_secret=ssh_secret,
+        annotations=annotations,
+    )
+
+
+@dataclass(frozen=True)
+class ScalerSpec:
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+    job: str
+    timeout: int
+    script: str | None
+    env: tuple[tuple[str, str], ...]
+    count: int | None
+    pod_names: tuple[str, ...] | None
+    created: str
+
+
+def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
+    """A defaulted ScalerSpec from a ScaleOut or ScaleIn body; InvalidSpec says what is wrong."""
+    meta = body.get("metadata", {})
+    spec = _dict(body.get("spec"), "spec")
+    job = _dict(spec.get("selector"), "spec.selector").get("name")
+    if not isinstance(job, str) or not job:
+        raise InvalidSpec("spec.selector.name must name a TrainingJob")
+    if not naming.is_dns1123_label(job):
+        raise InvalidSpec(f"spec.selector.name {job!r} is not a valid TrainingJob name")
+    timeout = _int(spec.get("timeout"), "spec.timeout", DEFAULT_TIMEOUT, 1)
+    assert timeout is not None
+    script = spec.get("script")
+    if script is not None and (not isinstance(script, str) or not script.startswith("/")):
+        raise InvalidSpec("spec.script must be an absolute path inside the launcher")
+    env: list[tuple[str, str]] = []
+    for i, item in enumerate(spec.get("env") or []):
+        item = _dict(item, f"spec.env[{i}]")
+        ename, value = item.get("name"), item.get("value", "")
+        if not isinstance(ename, str) or not _ENV_NAME.match(ename):
+            raise InvalidSpec(f"spec.env[{i}].name {ename!r} is not a valid variable name")
+        env.append((ename, str(value)))
+    count: int | None = None
+    pod_names: tuple[str, ...] | None = None
+    if kind == naming.SCALEOUT_KIND:
+        to_add = _dict(spec.get("toAdd"), "spec.toAdd")
+        count = _int(to_add.get("count"), "spec.toAdd.count", None, 1)
+        if count is None:
+            raise InvalidSpec("spec.toAdd.count is required and must be at least 1")
+    else:
+        to_delete = spec.get("toDelete")
+        if not isinstance(to_delete, dict):
+            raise InvalidSpec("spec.toDelete is required: give count or podNames")
+        has_count = to_delete.get("count") is not None
+        has_names = to_delete.get("podNames") is not None
+        if has_count == has_names:
+            raise InvalidSpec("spec.toDelete needs exactly one of count and podNames")
+        if has_count:
+            count = _int(to_delete.get("count"), "spec.toDelete.count", None, 1)
+        else:
+            names = to_delete.get("podNames")
+            if not isinstance(names, list) or not names:
+                raise InvalidSpec("spec.toDelete.podNames must list at least one pod")
+            for n in names:
+                if not isinstance(n, str) or not naming.is_dns1123_label(n):
+                    raise InvalidSpec(f"spec.toDelete.podNames holds an invalid pod name {n!r}")
+            if len(set(names)) != len(names):
+                raise InvalidSpec("spec.toDelete.podNames lists a pod twice")
+            pod_names = tuple(names)
+    return ScalerSpec(
+        kind=kind,
+        name=meta.get("name", ""),
+        namespace=meta.get("namespace", "default"),
+        uid=meta.get("uid", ""),
+        job=job,
+        timeout=timeout,
+        script=script,
+        env=tuple(env),
+        count=count,
+        pod_names=pod_names,
+        created=meta.get("creationTimestamp", ""),
+    )

@@ -1,0 +1,116 @@
+"""The job's ConfigMap: host lists and the discovery script Horovod runs every second.
+
+The script reads the ConfigMap live from the API server with the launcher's service-account
+token, so a host-list change reaches Horovod at its next poll (about a second) instead of
+waiting for the kubelet's ConfigMap volume sync (a minute or more). When the API server cannot
+be reached it prints the last list it read, and failing that, the kubelet-synced copy.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from etoperator import naming
+from etoperator.builders.common import Owner, metadata
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+_READER = r'''
+import json, os, ssl, sys, tempfile, urllib.request
+
+cm, ns, sa, cache, mounted = sys.argv[1:6]
+
+
+def emit(text):
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    sys.exit(0)
+
+
+try:
+    host = os.environ["KUBERNETES_SERVICE_HOST"]
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if ":" in host:
+        host = "[" + host + "]"
+    with open(os.path.join(sa, "token")) as f:
+        token = f.read().strip()
+    ca = os.path.join(sa, "ca.crt")
+    ctx = ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
+    url = "https://%s:%s/api/v1/namespaces/%s/configmaps/%s" % (host, port, ns, cm)
+    req = urllib.request.Request(
+        url, headers={"Authorization": "Bearer " + token, "Accept": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
+        text = json.load(resp)["data"]["hostfile"]
+except Exception as exc:  # any failure: fall back to the last good list
+    sys.stderr.write("discover_hosts: live read failed (%s); using last known list\n" % exc)
+    for path in (cache, mounted):
+        try:
+            with open(path) as f:
+                emit(f.read())
+        except OSError:
+            continue
+    sys.exit(1)
+try:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cache) or ".")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, cache)
+except OSError:
+    pass
+emit(text)
+'''
+
+
+def hostfile(hosts: Sequence[str], slots: int) -> str:
+    return "".join(f"{h}:{slots}\n" for h in hosts)
+
+
+def deepspeed_hostfile(hosts: Sequence[str], slots: int) -> str:
+    return "".join(f"{h} slots={slots}\n" for h in hosts)
+
+
+def discover_script(job: str, namespace: str) -> str:
+    """A POSIX sh script; every value from the job is validated upstream and quoted here."""
+    cm = shlex.quote(naming.config_map_name(job))
+    ns = shlex.quote(namespace)
+    cache = shlex.quote(f"etoperator-hosts-{namespace}-{job}")
+    return (
+        "#!/bin/sh\n"
+        "# Prints the job's current host list, one '<host>:<slots>' line per worker.\n"
+        f'sa="${{ETOPERATOR_SA_DIR:-{SA_DIR}}}"\n'
+        f'cache="${{TMPDIR:-/tmp}}/"{cache}\n'
+        'mounted="$(dirname "$0")/hostfile"\n'
+        "py=$(command -v python3 || command -v python)\n"
+        'if [ -z "$py" ]; then exec cat "$mounted"; fi\n'
+        f'exec "$py" - {cm} {ns} "$sa" "$cache" "$mounted" <<\'ETOPERATOR_PY\'\n'
+        f"{_READER.strip()}\n"
+        "ETOPERATOR_PY\n"
+    )
+
+
+def config_map(
+    job: str, namespace: str, owner: Owner, hosts: Sequence[str], slots: int
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(naming.config_map_name(job), namespace, owner, naming.job_labels(job)),
+        "data": config_data(job, namespace, hosts, slots),
+    }
+
+
+def config_data(job: str, namespace: str, hosts: Sequence[str], slots: int) -> dict[str, str]:
+    return {
+        naming.HOSTFILE_KEY: hostfile(hosts, slots),
+        naming.DISCOVER_KEY: discover_script(job, namespace),
+        naming.DEEPSPEED_KEY: deepspeed_hostfile(hosts, slots),
+    }
+
+
+def hosts_of(data: dict[str, str] | None) -> list[str]:
+    """The host names in a ConfigMap's hostfile, in order."""
+    text = (data or {}).get(naming.HOSTFILE_KEY, "")
+    return [line.rsplit(":", 1)[0] for line in text.splitlines() if line.strip()]

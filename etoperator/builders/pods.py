@@ -1,0 +1,148 @@
+"""Worker and launcher pods, and the per-worker headless services. Pure: inputs are never
+mutated (templates are deep-copied) and nothing is read from globals or the clock."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from etoperator import naming
+from etoperator.api.models import JobSpec
+from etoperator.builders import ssh
+from etoperator.builders.common import Owner, metadata
+
+SSH_VOLUME = "etoperator-ssh"
+CONFIG_VOLUME = "etoperator-config"
+# sshd in the foreground, logging to stderr: what a worker runs when its template gives no command.
+DEFAULT_WORKER_COMMAND = ["/usr/sbin/sshd", "-D", "-e"]
+SSH_MODE = 0o600
+SCRIPT_MODE = 0o755
+FILE_MODE = 0o644
+
+
+def _ssh_volume(secret: str, has_config: bool) -> dict[str, Any]:
+    items = [
+        {"key": ssh.PRIVATE_KEY, "path": ssh.PRIVATE_KEY},
+        {"key": ssh.PUBLIC_KEY, "path": ssh.PUBLIC_KEY},
+        # Mapping the public key here lets a user-supplied Secret without authorized_keys work.
+        {"key": ssh.PUBLIC_KEY, "path": ssh.AUTHORIZED_KEYS},
+    ]
+    if has_config:
+        items.append({"key": ssh.CONFIG, "path": ssh.CONFIG})
+    return {
+        "name": SSH_VOLUME,
+        "secret": {"secretName": secret, "defaultMode": SSH_MODE, "items": items},
+    }
+
+
+def _config_volume(job: str) -> dict[str, Any]:
+    # Readable by a non-root launcher: the script is 0755 and the host lists 0644.
+    return {
+        "name": CONFIG_VOLUME,
+        "configMap": {
+            "name": naming.config_map_name(job),
+            "items": [
+                {"key": naming.DISCOVER_KEY, "path": naming.DISCOVER_KEY, "mode": SCRIPT_MODE},
+                {"key": naming.HOSTFILE_KEY, "path": naming.HOSTFILE_KEY, "mode": FILE_MODE},
+                {"key": naming.DEEPSPEED_KEY, "path": naming.DEEPSPEED_KEY, "mode": FILE_MODE},
+            ],
+        },
+    }
+
+
+def _with_volumes(
+    template: dict[str, Any], volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The template's pod spec with our volumes added (replacing any of the same name)."""
+    spec = copy.deepcopy(template.get("spec") or {})
+    ours = {v["name"] for v in volumes}
+    spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") not in ours] + volumes
+    containers = spec["containers"]
+    first = containers[0]
+    paths = {m["mountPath"] for m in mounts}
+    kept = [
+        m for m in first.get("volumeMounts") or []
+        if m.get("name") not in ours and m.get("mountPath") not in paths
+    ]
+    first["volumeMounts"] = kept + mounts
+    spec["restartPolicy"] = "Never"
+    return spec
+
+
+def _pod(
+    name: str, job: JobSpec, owner: Owner, template: dict[str, Any],
+    labels: dict[str, str], spec: dict[str, Any],
+) -> dict[str, Any]:
+    tmeta = template.get("metadata") or {}
+    meta = metadata(
+        name, job.namespace, owner,
+        {**(tmeta.get("labels") or {}), **labels},
+        dict(tmeta.get("annotations") or {}),
+    )
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def worker_pod(
+    job: JobSpec, owner: Owner, index: int, secret: str, secret_has_config: bool
+) -> dict[str, Any]:
+    name = naming.worker_name(job.name, index)
+    spec = _with_volumes(
+        job.worker.template,
+        [_ssh_volume(secret, secret_has_config)],
+        [{"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT}],
+    )
+    first = spec["containers"][0]
+    if not first.get("command"):
+        first["command"] = list(DEFAULT_WORKER_COMMAND)
+        first.pop("args", None)
+    spec.setdefault("hostname", name)
+    return _pod(name, job, owner, job.worker.template, naming.worker_labels(job.name, index), spec)
+
+
+def launcher_pod(
+    job: JobSpec, owner: Owner, secret: str, secret_has_config: bool, service_account: str
+) -> dict[str, Any]:
+    spec = _with_volumes(
+        job.launcher.template,
+        [_ssh_volume(secret, secret_has_config), _config_volume(job.name)],
+        [
+            {"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT},
+            {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
+        ],
+    )
+    spec["serviceAccountName"] = service_account
+    # The discovery script reads the live host list with this account's token.
+    spec["automountServiceAccountToken"] = True
+    env = spec["containers"][0].setdefault("env", [])
+    ours = {"ETOPERATOR_JOB": job.name, "ETOPERATOR_NAMESPACE": job.namespace}
+    env[:] = [e for e in env if e.get("name") not in ours]
+    env.extend({"name": k, "value": v} for k, v in ours.items())
+    return _pod(
+        naming.launcher_name(job.name), job, owner, job.launcher.template,
+        naming.launcher_labels(job.name), spec,
+    )
+
+
+def launcher_service_account(job: JobSpec, template: dict[str, Any]) -> str:
+    """The account the launcher runs as: the template's own, else one the operator creates."""
+    name = (template.get("spec") or {}).get("serviceAccountName")
+    return str(name) if name else naming.launcher_sa_name(job.name)
+
+
+def worker_service(job: JobSpec, owner: Owner, index: int) -> dict[str, Any]:
+    name = naming.worker_name(job.name, index)
+    labels = naming.worker_labels(job.name, index)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, job.namespace, owner, labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels,
+            "ports": [
+                {"name": f"port-{p}", "port": p, "targetPort": p, "protocol": "TCP"}
+                for p in naming.SERVICE_PORTS
+            ],
+        },
+    }

@@ -1,0 +1,46 @@
+"""The launcher's service account and the one permission it needs: reading its ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etoperator import naming
+from etoperator.builders.common import Owner, metadata
+
+
+def launcher_account(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+    }
+
+
+def launcher_role(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],  # plural: the singular grants nothing
+                "resourceNames": [naming.config_map_name(job)],
+                "verbs": ["get"],
+            }
+        ],
+    }
+
+
+def launcher_binding(job: str, namespace: str, owner: Owner, account: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": naming.launcher_sa_name(job),
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }

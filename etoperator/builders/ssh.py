@@ -1,0 +1,71 @@
+"""The job's SSH Secret. Key generation lives apart from the (pure) manifest builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+
+from etoperator import naming
+from etoperator.builders.common import Owner, metadata
+
+# Keys existing images expect (the Go operator's names); ed25519 despite the `id_rsa` name:
+# OpenSSH reads the key type from the file, not from its name.
+PRIVATE_KEY = "id_rsa"
+PUBLIC_KEY = "id_rsa.pub"
+AUTHORIZED_KEYS = "authorized_keys"
+CONFIG = "config"
+
+SSH_CLIENT_CONFIG = """\
+Host *
+    StrictHostKeyChecking no
+    UserKnownHostsFile /dev/null
+    LogLevel ERROR
+    IdentityFile ~/.ssh/id_rsa
+    ServerAliveInterval 10
+"""
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    private_openssh: str
+    public_openssh: str
+
+    def __repr__(self) -> str:  # never let a private key reach a log through repr()
+        return f"KeyPair(public={self.public_openssh[:30]}...)"
+
+
+def generate_keypair(comment: str = "etoperator") -> KeyPair:
+    key = ed25519.Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    ).decode()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode()
+    return KeyPair(private_openssh=private, public_openssh=f"{public} {comment}\n")
+
+
+def ssh_secret(job: str, namespace: str, owner: Owner, keys: KeyPair) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(naming.secret_name(job), namespace, owner, naming.job_labels(job)),
+        "type": "Opaque",
+        "stringData": {
+            PRIVATE_KEY: keys.private_openssh,
+            PUBLIC_KEY: keys.public_openssh,
+            AUTHORIZED_KEYS: keys.public_openssh,
+            CONFIG: SSH_CLIENT_CONFIG,
+        },
+    }
+
+
+def missing_keys(secret: dict[str, Any]) -> list[str]:
+    """Keys a usable job Secret must hold but this one lacks."""
+    data = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
+    return [k for k in (PRIVATE_KEY, PUBLIC_KEY) if k not in data]

@@ -1,0 +1,90 @@
+"""`etoperator run`: a thin CLI over `kopf run` with the operator's own flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("k8s_skip", "object"):
+            if hasattr(record, key):
+                out[key] = str(getattr(record, key))
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="etoperator", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the operator")
+    scope = run.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="watch this namespace (repeatable); default: all namespaces")
+    scope.add_argument("-A", "--all-namespaces", action="store_true")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here")
+    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                     help="liveness endpoint URL ('' to disable)")
+    run.add_argument("--no-ssh-checks", action="store_true",
+                     help="count a Running worker as ready (when the operator cannot reach pods)")
+    run.add_argument("--ssh-port", type=int, default=22)
+    run.add_argument("--no-node-watch", action="store_true",
+                     help="do not watch nodes for preemption taints")
+    run.add_argument("--preemption-taint", action="append",
+                     help="node taint key announcing termination (repeatable)")
+    run.add_argument("--log-format", choices=("text", "json"), default="text")
+    run.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    os.environ["ETOPERATOR_SSH_CHECKS"] = "0" if args.no_ssh_checks else "1"
+    os.environ["ETOPERATOR_SSH_PORT"] = str(args.ssh_port)
+    os.environ["ETOPERATOR_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["ETOPERATOR_WATCH_NODES"] = "0" if args.no_node_watch else "1"
+    if args.preemption_taint is not None:
+        os.environ["ETOPERATOR_PREEMPTION_TAINTS"] = ",".join(args.preemption_taint)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+        os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+    import kopf
+
+    import etoperator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON
+                   if args.log_format == "json" else kopf.LogFormat.FULL)
+    asyncio.run(kopf.operator(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+    ))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""kopf wiring only: which watch events wake which job's reconcile loop.
+
+Run with `etoperator run ...` or `kopf run -m etoperator.handlers --standalone`; settings come
+from the CLI or from ETOPERATOR_* environment variables (see etoperator/settings.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from etoperator import kube, metrics, naming
+from etoperator.reconcile.job import JobReconciler
+from etoperator.runtime import Runtime
+from etoperator.settings import Settings
+from etoperator.sshcheck import SSHProber
+
+log = logging.getLogger(__name__)
+RUNTIME: dict[str, Runtime] = {}
+WATCH_NODES = Settings.from_env().watch_nodes
+
+
+def runtime() -> Runtime:
+    return RUNTIME["rt"]
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    cfg = Settings.from_env()
+    settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=naming.ANN_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.ANN_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = cfg.watch_timeout
+    settings.watching.client_timeout = cfg.watch_timeout + 10
+    settings.networking.request_timeout = 30
+    api = kube.load_config(cfg.kubeconfig)
+    reconciler = JobReconciler(
+        kube=kube.Kube(api),
+        prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
+        ssh_checks=cfg.ssh_checks,
+    )
+    RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers,
+                            taint_keys=set(cfg.preemption_taints))
+    if cfg.metrics_port:
+        metrics.serve(cfg.metrics_port)
+    log.info("etoperator started: %s", cfg.describe())
+
+
+@kopf.on.cleanup()
+def cleanup(**_: Any) -> None:
+    rt = RUNTIME.get("rt")
+    if rt is not None:
+        for key in list(rt.tasks):
+            rt.forget(key)
+
+
+@kopf.on.probe(id="jobs")
+def probe_jobs(**_: Any) -> int:
+    return len(runtime().tasks)
+
+
+@kopf.on.event(naming.GROUP, naming.VERSION, naming.JOB_PLURAL)
+async def job_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
+    key = (namespace, name)
+    rt = runtime()
+    if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+        rt.forget(key)
+        return
+    rt.set_phase(key, str((body.get("status") or {}).get("phase") or ""))
+    rt.ensure(key)
+
+
+@kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
+async def pod_event(labels: Any, namespace: str, **_: Any) -> None:
+    job = labels.get(naming.LABEL_JOB)
+    if job:
+        runtime().kick((namespace, job))
+
+
+async def _scaler_event(kind: str, name: str, namespace: str, body: Any) -> None:
+    job = ((body.get("spec") or {}).get("selector") or {}).get("name")
+    rt = runtime()
+    if isinstance(job, str) and rt.has((namespace, job)):
+        rt.kick((namespace, job))
+        return
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(
+        rt.pool, rt.reconciler.reconcile_orphan_scaler, kind, namespace, name
+    )
+
+
+@kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)
+async def scaleout_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
+    if type != "DELETED":
+        await _scaler_event(naming.SCALEOUT_KIND, name, namespace, body)
+
+
+@kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEIN_PLURAL)
+async def scalein_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
+    if type != "DELETED":
+        await _scaler_event(naming.SCALEIN_KIND, name, namespace, body)
+
+
+@kopf.on.event("", "v1", "nodes", when=lambda **_: WATCH_NODES)
+async def node_event(type: str | None, name: str, body: Any, **_: Any) -> None:
+    """Spot/preemption notices: a node tainted for termination takes its workers with it."""
+    rt = runtime()
+    taints = {t.get("key") for t in (body.get("spec") or {}).get("taints") or []}
+    doomed = type != "DELETED" and bool(taints & rt.taint_keys)
+    if doomed != (name in rt.tainted):
+        if doomed:
+            rt.tainted.add(name)
+        else:
+            rt.tainted.discard(name)
+        rt.kick_all()

@@ -1,0 +1,133 @@
+"""Every name, label and selector the operator uses, and the checks that keep them valid."""
+
+from __future__ import annotations
+
+import re
+
+GROUP = "kai.alibabacloud.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+JOB_KIND = "TrainingJob"
+SCALEOUT_KIND = "ScaleOut"
+SCALEIN_KIND = "ScaleIn"
+JOB_PLURAL = "trainingjobs"
+SCALEOUT_PLURAL = "scaleouts"
+SCALEIN_PLURAL = "scaleins"
+
+# Labels every child carries (wire-compatible with the Go operator).
+LABEL_GROUP = "group-name"
+LABEL_JOB = "training-job-name"
+LABEL_ROLE = "training-job-role"
+LABEL_INDEX = "replica-index"
+ROLE_WORKER = "worker"
+ROLE_LAUNCHER = "launcher"
+
+# Annotations read from a TrainingJob.
+ANN_SUSPENDED = "job-supervisor.kube-ai.io/job-suspended"
+ANN_SSH_SECRET = "arena.kubeflow.org/ssh-secret"
+# Our own prefix, for kopf's bookkeeping and for marks on children.
+ANN_PREFIX = "etoperator.kai.alibabacloud.com"
+# Set on scalers the operator creates for `kubectl scale`.
+ANN_SCALE_GENERATION = f"{ANN_PREFIX}/replicas-generation"
+
+CONFIG_MOUNT = "/etc/edl"
+SSH_MOUNT = "/root/.ssh"
+HOSTFILE_KEY = "hostfile"
+DISCOVER_KEY = "discover_hosts.sh"
+DEEPSPEED_KEY = "deepspeed-hostfile"
+
+SSH_PORT = 22
+SERVICE_PORTS = (22, 9009)
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The longest index suffix we allow a job to reach; bounds the job-name length so that
+# `<job>-worker-<i>` always fits a 63-character DNS label (services need one).
+MAX_INDEX_DIGITS = 6
+WORKER_INFIX = "-worker-"
+MAX_JOB_NAME = 63 - len(WORKER_INFIX) - MAX_INDEX_DIGITS
+
+
+def is_dns1123_label(name: str) -> bool:
+    return len(name) <= 63 and bool(_DNS1123_LABEL.match(name))
+
+
+def is_dns1123_subdomain(name: str) -> bool:
+    return len(name) <= 253 and bool(_DNS1123_SUBDOMAIN.match(name))
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a job's children, or None when it can."""
+    if not is_dns1123_label(name):
+        return f"job name {name!r} is not a DNS-1123 label (lower-case alphanumerics and '-')"
+    if len(name) > MAX_JOB_NAME:
+        return (
+            f"job name {name!r} is {len(name)} characters; at most {MAX_JOB_NAME} leave room "
+            f"for '{WORKER_INFIX}<index>' in a 63-character service name"
+        )
+    return None
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}{WORKER_INFIX}{index}"
+
+
+def worker_index(job: str, pod_name: str) -> int | None:
+    """The index in `<job>-worker-<i>`, or None when the name is not one of this job's workers."""
+    prefix = f"{job}{WORKER_INFIX}"
+    if not pod_name.startswith(prefix):
+        return None
+    rest = pod_name[len(prefix) :]
+    if not rest.isdigit() or (len(rest) > 1 and rest[0] == "0"):
+        return None
+    return int(rest)
+
+
+def launcher_name(job: str) -> str:
+    return f"{job}-launcher"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def secret_name(job: str) -> str:
+    return job
+
+
+def launcher_sa_name(job: str) -> str:
+    return f"{job}-launcher"
+
+
+def scaler_ref(kind: str, namespace: str, name: str) -> str:
+    """The job's `status.currentScaler` value, as the Go operator wrote it."""
+    return f"{kind}:{namespace}/{name}"
+
+
+def parse_scaler_ref(ref: str) -> tuple[str, str, str] | None:
+    kind, sep, rest = ref.partition(":")
+    ns, sep2, name = rest.partition("/")
+    if not sep or not sep2 or kind not in (SCALEOUT_KIND, SCALEIN_KIND):
+        return None
+    return kind, ns, name
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_GROUP: GROUP, LABEL_JOB: job}
+
+
+def worker_labels(job: str, index: int) -> dict[str, str]:
+    return {**job_labels(job), LABEL_ROLE: ROLE_WORKER, LABEL_INDEX: str(index)}
+
+
+def launcher_labels(job: str) -> dict[str, str]:
+    return {**job_labels(job), LABEL_ROLE: ROLE_LAUNCHER}
+
+
+def selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def worker_selector(job: str) -> str:
+    return selector({**job_labels(job), LABEL_ROLE: ROLE_WORKER})

@@ -1,0 +1,481 @@
+"""Level-based reconcile of one TrainingJob and its scalers: observe -> plan -> act -> status.
+
+Order of writes, chosen so that a crash or a 409 between any two of them is harmless:
+  1. the job's spec replicas (after a finished scale), so `kubectl scale` never sees a stale
+     size as a user request;
+  2. scaler statuses: a scaler's plan (addPods/toDeletePods) is frozen before any pod moves;
+  3. the job status, with its resourceVersion as precondition: it points `currentScaler` at
+     the frozen plan and records membership before pods are created;
+  4. children: ConfigMap host list first (so victims leave Horovod before they are deleted),
+     then pods and services.
+Every pass starts again from what is observed, so a pass cut short is finished by the next.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import paramiko
+
+from etoperator import metrics, naming
+from etoperator import status as st
+from etoperator.api.models import InvalidSpec, JobSpec, ScalerSpec, parse_job, parse_scaler
+from etoperator.builders import config, pods, rbac, ssh
+from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
+from etoperator.planning import JobInput, Plan, PodView, ScalerView, plan_job, plan_orphan_scaler
+from etoperator.sshcheck import SSHProber, SSHUnavailable, load_key
+
+log = logging.getLogger(__name__)
+
+ANN_RUN = f"{naming.ANN_PREFIX}/run"
+SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _container_exit(pod: dict[str, Any]) -> tuple[int | None, str]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return term.get("exitCode"), str(term.get("reason") or "")
+    return None, ""
+
+
+def _leaving(pod: dict[str, Any], tainted_nodes: set[str]) -> str:
+    """Why this pod is about to be taken away, or '' when nothing says so."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f"DisruptionTarget: {cond.get('reason') or 'disruption'}"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and node in tainted_nodes:
+        return f"node {node} is tainted for termination"
+    return ""
+
+
+@dataclass
+class Observed:
+    job: dict[str, Any]
+    spec: JobSpec | None
+    error: str | None
+    pods: list[dict[str, Any]]
+    services: list[dict[str, Any]]
+    configmap: dict[str, Any] | None
+    scalers: list[dict[str, Any]]
+
+
+@dataclass
+class JobReconciler:
+    kube: Kube
+    prober: SSHProber = field(default_factory=SSHProber)
+    clock: Callable[[], datetime] = utcnow
+    ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
+    tainted_nodes: Callable[[], set[str]] = set
+    _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
+    _pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
+    )
+
+    # -- observe -------------------------------------------------------------------------
+
+    def observe(self, namespace: str, name: str) -> Observed | None:
+        body = self.kube.get(naming.JOB_KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        try:
+            spec, error = parse_job(body), None
+        except InvalidSpec as exc:
+            spec, error = None, str(exc)
+        uid = body["metadata"]["uid"]
+        selector = naming.selector(naming.job_labels(name))
+        owned = [
+            p for p in self.kube.list("Pod", namespace, selector) if is_controlled_by(p, uid)
+        ]
+        services = [
+            s for s in self.kube.list("Service", namespace, selector) if is_controlled_by(s, uid)
+        ]
+        cm = self.kube.get("ConfigMap", namespace, naming.config_map_name(name))
+        scalers = [
+            s for kind in SCALER_KINDS for s in self.kube.list(kind, namespace)
+            if ((s.get("spec") or {}).get("selector") or {}).get("name") == name
+        ]
+        return Observed(body, spec, error, owned, services, cm, scalers)
+
+    def _key(self, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
+        cache_key = f"{job.uid}/{secret_name}"
+        if cache_key not in self._keys:
+            secret = self.kube.get("Secret", job.namespace, secret_name)
+            raw = ((secret or {}).get("data") or {}).get(ssh.PRIVATE_KEY)
+            if not raw:
+                return None
+            try:
+                self._keys[cache_key] = load_key(base64.b64decode(raw).decode())
+            except (SSHUnavailable, ValueError):
+                return None
+        return self._keys[cache_key]
+
+    def pod_views(self, obs: Observed) -> list[PodView]:
+        """Pods as the planner sees them, with SSH readiness and drain checks filled in."""
+        assert obs.spec is not None or obs.error
+        job = obs.job
+        name = job["metadata"]["name"]
+        status = job.get("status") or {}
+        hosts = set(status.get("currentWorkers") or [])
+        published = set(config.hosts_of((obs.configmap or {}).get("data")))
+        victims: set[str] = set()
+        ref = naming.parse_scaler_ref(str(status.get("currentScaler") or ""))
+        if ref and ref[0] == naming.SCALEIN_KIND:
+            for s in obs.scalers:
+                if s["kind"] == ref[0] and s["metadata"]["name"] == ref[2]:
+                    victims = set((s.get("status") or {}).get("toDeletePods") or [])
+        tainted = self.tainted_nodes()
+        key = None
+        if obs.spec is not None and self.ssh_checks:
+            key = self._key(obs.spec, obs.spec.ssh_secret or naming.secret_name(name))
+        probes: dict[str, concurrent.futures.Future[bool | None]] = {}
+        for p in obs.pods:
+            pname = p["metadata"]["name"]
+            ip = (p.get("status") or {}).get("podIP")
+            running = (p.get("status") or {}).get("phase") == "Running"
+            if not running or p["metadata"].get("deletionTimestamp") or not ip:
+                continue
+            if p["metadata"]["labels"].get(naming.LABEL_ROLE) != naming.ROLE_WORKER:
+                continue
+            if pname in victims and pname not in published and key is not None:
+                probes[pname] = self._pool.submit(self.prober.horovod_running, ip, key, pname)
+            elif pname not in hosts and pname not in victims and key is not None:
+                probes[pname] = self._pool.submit(self.prober.ready, ip, key)
+        views = []
+        for p in obs.pods:
+            meta, pst = p["metadata"], p.get("status") or {}
+            labels = meta.get("labels") or {}
+            role = labels.get(naming.LABEL_ROLE, "")
+            pname = meta["name"]
+            phase = pst.get("phase") or "Pending"
+            code, term_reason = _container_exit(p)
+            running = phase == "Running" and not meta.get("deletionTimestamp")
+            if role == naming.ROLE_WORKER:
+                if not self.ssh_checks or pname in hosts:
+                    ready = running
+                else:
+                    ready = running and pname not in victims and bool(
+                        pname in probes and probes[pname].result()
+                    )
+            else:
+                ready = running
+            busy = probes[pname].result() if pname in victims and pname in probes else None
+            run = meta.get("annotations", {}).get(ANN_RUN)
+            views.append(PodView(
+                name=pname,
+                role=role,
+                index=naming.worker_index(name, pname) if role == naming.ROLE_WORKER else None,
+                phase=phase,
+                deleting=bool(meta.get("deletionTimestamp")),
+                ready=ready,
+                exit_code=code,
+                reason=str(pst.get("reason") or term_reason),
+                run=int(run) if run is not None and str(run).isdigit() else None,
+                leaving=_leaving(p, tainted) if role == naming.ROLE_WORKER else "",
+                busy=busy,
+            ))
+        return views
+
+    @staticmethod
+    def scaler_views(obs: Observed) -> list[ScalerView]:
+        uid = obs.job["metadata"]["uid"]
+        views = []
+        for s in obs.scalers:
+            spec: ScalerSpec | None
+            try:
+                spec, error = parse_scaler(s["kind"], s), None
+            except InvalidSpec as exc:
+                spec, error = None, str(exc)
+            views.append(ScalerView(
+                kind=s["kind"],
+                name=s["metadata"]["name"],
+                created=s["metadata"].get("creationTimestamp", ""),
+                spec=spec,
+                error=error,
+                status=copy.deepcopy(s.get("status") or {}),
+                owned=is_controlled_by(s, uid),
+            ))
+        return views
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> float:
+        """One pass; returns the seconds until the next one is wanted."""
+        metrics.RECONCILES.inc()
+        with metrics.RECONCILE_SECONDS.time():
+            obs = self.observe(namespace, name)
+            if obs is None:
+                return 0.0
+            job = obs.job
+            if obs.spec is not None and not self.ensure_basics(obs):
+                return 5.0
+            inp = JobInput(
+                name=name,
+                namespace=namespace,
+                generation=int(job["metadata"].get("generation") or 0),
+                spec=obs.spec,
+                error=obs.error,
+                status=copy.deepcopy(job.get("status") or {}),
+                pods=self.pod_views(obs),
+                scalers=self.scaler_views(obs),
+                now=self.clock(),
+                published=config.hosts_of((obs.configmap or {}).get("data"))
+                if obs.configmap else None,
+            )
+            plan = plan_job(inp)
+            try:
+                self.act(obs, inp, plan)
+            except Conflict as exc:
+                log.info("job %s/%s changed during the pass (%s); again", namespace, name, exc)
+                return 0.2
+            return plan.requeue
+
+    def ensure_basics(self, obs: Observed) -> bool:
+        """Secret, ConfigMap and the launcher's RBAC; False when blocked (reported on the job)."""
+        spec = obs.spec
+        assert spec is not None
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        phase = (obs.job.get("status") or {}).get("phase")
+        if phase in st.TERMINAL:
+            return True
+        problems = []
+        if spec.ssh_secret:
+            secret = self.kube.get("Secret", spec.namespace, spec.ssh_secret)
+            if secret is None:
+                problems.append(f"SSH Secret {spec.ssh_secret} named by the annotation is missing")
+            elif ssh.missing_keys(secret):
+                problems.append(f"SSH Secret {spec.ssh_secret} lacks {', '.join(ssh.missing_keys(secret))}")
+        else:
+            existing = self.kube.get("Secret", spec.namespace, naming.secret_name(spec.name))
+            if existing is None:
+                problems += self.ensure(obs, ssh.ssh_secret(
+                    spec.name, spec.namespace, owner, ssh.generate_keypair(f"etoperator-{spec.name}")))
+            elif not is_controlled_by(existing, spec.uid):
+                problems.append(f"Secret {spec.name} exists and is not owned by this job")
+        if obs.configmap is None:
+            problems += self.ensure(obs, config.config_map(
+                spec.name, spec.namespace, owner, [], spec.slots_per_worker))
+        elif not is_controlled_by(obs.configmap, spec.uid):
+            problems.append(f"ConfigMap {naming.config_map_name(spec.name)} exists and is not "
+                            "owned by this job")
+        account = pods.launcher_service_account(spec, spec.launcher.template)
+        wanted = [rbac.launcher_role(spec.name, spec.namespace, owner),
+                  rbac.launcher_binding(spec.name, spec.namespace, owner, account)]
+        if account == naming.launcher_sa_name(spec.name):
+            wanted.insert(0, rbac.launcher_account(spec.name, spec.namespace, owner))
+        for obj in wanted:
+            if self.kube.get(obj["kind"], spec.namespace, obj["metadata"]["name"]) is None:
+                problems += self.ensure(obs, obj)
+        self.report_blocked(obs, problems)
+        return not problems
+
+    def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
+        """Create `obj`; a same-named object this job does not control is a problem, not ours."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            self.kube.create(obj)
+            log.info("Created %s %s/%s", kind, obj["metadata"]["namespace"], name)
+            return []
+        except AlreadyExists:
+            existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
+            if existing is None or is_controlled_by(existing, obs.job["metadata"]["uid"]):
+                return []
+            return [f"{kind} {name} exists and is not owned by this job; not touching it"]
+        except ApiError as exc:
+            return [f"could not create {kind} {name}: {exc}"]
+
+    def report_blocked(self, obs: Observed, problems: list[str]) -> None:
+        status = obs.job.get("status") or {}
+        conds = status.get("conditions") or []
+        if problems:
+            new, changed = st.set_condition(conds, "Blocked", "True", "ChildConflict",
+                                            "; ".join(problems), self.now())
+        elif st.is_true(conds, "Blocked"):
+            new, changed = st.set_condition(conds, "Blocked", "False", "Resolved",
+                                            "nothing blocks the job", self.now())
+        else:
+            return
+        if not changed:
+            return
+        self.kube.patch(naming.JOB_KIND, obs.job["metadata"]["namespace"],
+                        obs.job["metadata"]["name"], {"status": {"conditions": new}}, sub="status")
+        obs.job.setdefault("status", {})["conditions"] = new
+        if problems:
+            self.kube.event(obs.job, "Warning", "ChildConflict", "; ".join(problems), self.clock())
+
+    def now(self) -> str:
+        return self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    # -- act -----------------------------------------------------------------------------
+
+    def act(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
+        job = obs.job
+        ns, name = inp.namespace, inp.name
+        rv = job["metadata"]["resourceVersion"]
+        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        # 1. spec replicas after a finished scale.
+        if plan.spec_replicas is not None:
+            patched = self.kube.patch(naming.JOB_KIND, ns, name, {
+                "metadata": {"resourceVersion": rv},
+                "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
+            })
+            rv = patched["metadata"]["resourceVersion"]
+        # 2. scaler statuses (frozen plans first).
+        for key, new in plan.scaler_status.items():
+            s = scalers[key]
+            self.kube.patch(key[0], ns, key[1], {
+                "metadata": {"resourceVersion": s["metadata"]["resourceVersion"]},
+                "status": _merge_patch(s.get("status") or {}, new),
+            }, sub="status")
+        for kind, result, secs in plan.settled_scalers:
+            metrics.SCALES.labels(kind, result).inc()
+            metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
+        # 3. job status.
+        old_status = job.get("status") or {}
+        if plan.status != old_status:
+            self.kube.patch(naming.JOB_KIND, ns, name, {
+                "metadata": {"resourceVersion": rv},
+                "status": _merge_patch(old_status, plan.status),
+            }, sub="status")
+        for ev in plan.events:
+            log.info("%s %s/%s: %s", ev.reason, ns, name, ev.message)
+            self.kube.event(job, ev.type, ev.reason, ev.message, self.clock())
+            if ev.reason == "WorkerLost":
+                metrics.WORKERS_LOST.inc()
+            elif ev.reason == "WorkerReplaced":
+                metrics.WORKERS_REPLACED.inc()
+        for key, events in plan.scaler_events.items():
+            for ev in events:
+                self.kube.event(scalers[key], ev.type, ev.reason, ev.message, self.clock())
+        if inp.spec is None:
+            return
+        self.act_children(obs, inp.spec, plan)
+
+    def act_children(self, obs: Observed, spec: JobSpec, plan: Plan) -> None:
+        ns, name = spec.namespace, spec.name
+        owner = Owner(naming.JOB_KIND, name, spec.uid)
+        # 4. host list before any pod is deleted.
+        if plan.hosts is not None and obs.configmap is not None:
+            data = config.config_data(name, ns, plan.hosts, spec.slots_per_worker)
+            if (obs.configmap.get("data") or {}) != data:
+                self.kube.patch("ConfigMap", ns, naming.config_map_name(name), {"data": data})
+                metrics.HOST_UPDATES.inc()
+                log.info("Updated host list of %s/%s: %s", ns, name, ", ".join(plan.hosts))
+        by_name = {p["metadata"]["name"]: p for p in obs.pods}
+        for pod_name in plan.delete_pods:
+            pod = by_name.get(pod_name)
+            if self.kube.delete("Pod", ns, pod_name, (pod or {}).get("metadata", {}).get("uid")):
+                log.info("Deleted Pod %s/%s", ns, pod_name)
+        secret = spec.ssh_secret or naming.secret_name(name)
+        has_config = self._secret_has_config(spec, secret)
+        problems: list[str] = []
+        existing_services = {s["metadata"]["name"]: s for s in obs.services}
+        for svc in plan.services:
+            if svc not in existing_services:
+                index = naming.worker_index(name, svc)
+                if index is not None:
+                    problems += self.ensure(obs, pods.worker_service(spec, owner, index))
+        for svc_name, svc in existing_services.items():
+            if svc_name not in plan.services:
+                self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
+        for index in plan.create_workers:
+            problems += self.ensure(obs, pods.worker_pod(spec, owner, index, secret, has_config))
+        if plan.create_launcher:
+            launcher = pods.launcher_pod(spec, owner, secret, has_config,
+                                         pods.launcher_service_account(spec, spec.launcher.template))
+            run = str(plan.status.get("restartCount", 0))
+            launcher["metadata"].setdefault("annotations", {})[ANN_RUN] = run
+            problems += self.ensure(obs, launcher)
+        for kind, sname in plan.adopt_scalers:
+            s = next(x for x in obs.scalers if x["kind"] == kind and x["metadata"]["name"] == sname)
+            refs = [r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")]
+            self.kube.patch(kind, ns, sname, {"metadata": {
+                "ownerReferences": [*refs, owner.reference()],
+                "resourceVersion": s["metadata"]["resourceVersion"],
+            }})
+        for new in plan.create_scalers:
+            body = {
+                "apiVersion": naming.API_VERSION,
+                "kind": new["kind"],
+                "metadata": {
+                    "name": new["name"], "namespace": ns,
+                    "labels": naming.job_labels(name),
+                    "annotations": {naming.ANN_SCALE_GENERATION: new["name"].rsplit("-", 1)[-1]},
+                    "ownerReferences": [owner.reference()],
+                },
+                "spec": new["spec"],
+            }
+            try:
+                self.kube.create(body)
+                self.kube.event(obs.job, "Normal", "ReplicasChanged",
+                                f"replicas set to {spec.worker.replicas}: created "
+                                f"{new['kind']} {new['name']}", self.clock())
+            except AlreadyExists:
+                pass
+        if problems:
+            self.report_blocked(obs, problems)
+
+    def _secret_has_config(self, spec: JobSpec, secret_name: str) -> bool:
+        if not spec.ssh_secret:
+            return True
+        secret = self.kube.get("Secret", spec.namespace, secret_name) or {}
+        return ssh.CONFIG in (secret.get("data") or {})
+
+    # -- scalers without a job -----------------------------------------------------------
+
+    def reconcile_orphan_scaler(self, kind: str, namespace: str, name: str) -> None:
+        body = self.kube.get(kind, namespace, name)
+        if body is None:
+            return
+        job_name = ((body.get("spec") or {}).get("selector") or {}).get("name")
+        job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
+        try:
+            spec: ScalerSpec | None = parse_scaler(kind, body)
+            error = None
+        except InvalidSpec as exc:
+            spec, error = None, str(exc)
+        view = ScalerView(
+            kind=kind, name=name, created=body["metadata"].get("creationTimestamp", ""),
+            spec=spec, error=error, status=body.get("status") or {},
+            owned=any(r.get("controller") for r in body["metadata"].get("ownerReferences") or []),
+        )
+        if spec is None and view.phase not in st.SCALE_TERMINAL:
+            new: dict[str, Any] | None = {
+                **view.status, "phase": st.SCALE_FAILED,
+                "conditions": st.set_condition(view.status.get("conditions") or [],
+                                               st.SCALE_FAILED, "True", "InvalidSpec",
+                                               error or "invalid", self.now())[0],
+            }
+            self.kube.event(body, "Warning", "InvalidSpec", error or "invalid spec", self.clock())
+        else:
+            new = plan_orphan_scaler(view, job is not None, self.clock())
+            if new is not None and new.get("phase") == st.SCALE_FAILED:
+                self.kube.event(body, "Warning", "JobDeleted",
+                                f"job {job_name} was deleted", self.clock())
+        if new is not None:
+            self.kube.patch(kind, namespace, name, {
+                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                "status": _merge_patch(view.status, new),
+            }, sub="status")
+
+
+def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new` (removed keys become null)."""
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    for k in old:
+        if k not in new:
+            patch[k] = None
+    return patch

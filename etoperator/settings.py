@@ -1,0 +1,57 @@
+"""Operator settings: CLI flags become ETOPERATOR_* variables, read once at start-up."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# Taints that cloud providers and node-termination handlers put on a node about to go away.
+DEFAULT_PREEMPTION_TAINTS = (
+    "cloud.google.com/impending-node-termination",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "karpenter.sh/disrupted",
+    "ToBeDeletedByClusterAutoscaler",
+)
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    return default if raw is None else raw.lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    kubeconfig: str | None
+    ssh_checks: bool
+    ssh_port: int
+    ssh_timeout: float
+    metrics_port: int
+    workers: int
+    watch_timeout: int
+    watch_nodes: bool
+    preemption_taints: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        env = os.environ
+        taints = env.get("ETOPERATOR_PREEMPTION_TAINTS")
+        return cls(
+            kubeconfig=env.get("ETOPERATOR_KUBECONFIG") or None,
+            ssh_checks=_bool("ETOPERATOR_SSH_CHECKS", True),
+            ssh_port=int(env.get("ETOPERATOR_SSH_PORT", "22")),
+            ssh_timeout=float(env.get("ETOPERATOR_SSH_TIMEOUT", "3")),
+            metrics_port=int(env.get("ETOPERATOR_METRICS_PORT", "0")),
+            workers=int(env.get("ETOPERATOR_WORKERS", "16")),
+            watch_timeout=int(env.get("ETOPERATOR_WATCH_TIMEOUT", "300")),
+            watch_nodes=_bool("ETOPERATOR_WATCH_NODES", True),
+            preemption_taints=tuple(t for t in taints.split(",") if t)
+            if taints is not None else DEFAULT_PREEMPTION_TAINTS,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"ssh_checks={self.ssh_checks} ssh_port={self.ssh_port} "
+            f"metrics_port={self.metrics_port or 'off'} watch_nodes={self.watch_nodes} "
+            f"preemption_taints={','.join(self.preemption_taints) or 'none'}"
+        )

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds Horovod 0.28.1 (CPU, Gloo, no MPI) for torch 2.13.0 and caches the wheel.
+#
+# Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, and turns
+# CUDA on whenever nvcc is found; both are patched here. A cached wheel makes reruns instant.
+#
+# Usage: hack/build-horovod.sh [PYTHON]   (PYTHON: an interpreter that already has torch 2.13.0)
+# Prints the path of the wheel on its last line.
+set -euo pipefail
+
+PY=${1:-python3}
+VERSION=0.28.1
+CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
+TORCH=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+OUT="$CACHE/wheels/torch-$TORCH"
+mkdir -p "$OUT"
+
+existing=$(ls "$OUT"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$existing" ]; then
+    echo "$existing"
+    exit 0
+fi
+
+if ! command -v cmake >/dev/null || ! cmake --version | head -n1 | grep -q ' 3\.'; then
+    # CMake 4 refuses Gloo's old cmake_minimum_required; Debian's 3.x works.
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$work" >&2
+tar -xzf "$work/horovod-$VERSION.tar.gz" -C "$work"
+src="$work/horovod-$VERSION"
+
+# C++ standard: torch's headers need C++20.
+sed -i 's/^set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt"
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
+# CPU only: never probe for a CUDA compiler or toolkit, even where nvcc is installed.
+sed -i 's/^check_language(CUDA)/set(CMAKE_CUDA_COMPILER "")/; s/^    check_language(CUDA)/    set(CMAKE_CUDA_COMPILER "")/' "$src/CMakeLists.txt"
+sed -i 's/^    find_package(CUDAToolkit)$/    set(CUDAToolkit_BIN_DIR "")/' "$src/CMakeLists.txt"
+grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt"
+! grep -q '^check_language(CUDA)' "$src/CMakeLists.txt"
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
+    HOROVOD_GPU_OPERATIONS= HOROVOD_WITHOUT_GPU=1
+export MAKEFLAGS="-j$(nproc)"
+"$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$src" >&2
+cp "$work"/dist/horovod-"$VERSION"-*.whl "$OUT/"
+ls "$OUT"/horovod-"$VERSION"-*.whl | head -n 1
