@@ -4,27 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
-from typing import Any
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key in ("k8s_skip", "object"):
-            if hasattr(record, key):
-                out[key] = str(getattr(record, key))
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,21 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
         os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
-    handler = logging.StreamHandler()
-    if args.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[handler])
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("paramiko").setLevel(logging.WARNING)
-
     import kopf
 
     import etoperator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON
-                   if args.log_format == "json" else kopf.LogFormat.FULL)
+                   if args.log_format == "json" else kopf.LogFormat.PLAIN)
+    # kopf reports every event handler run at INFO; our own loggers say what matters.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    for noisy in ("kubernetes", "paramiko", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(kopf.operator(
         standalone=True,
         clusterwide=not args.namespace,

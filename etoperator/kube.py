@@ -105,17 +105,25 @@ class Kube:
         query: list[tuple[str, Any]] | None = None, content_type: str = "application/json",
     ) -> Any:
         self.requests += 1
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         with _translate():
-            resp = self.api.call_api(
-                path, method,
-                query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=30,
-            )
+            if hasattr(self.api, "param_serialize"):  # kubernetes >= 31
+                m, url, hdrs, raw, post = self.api.param_serialize(
+                    method=method, resource_path=path, query_params=query or [],
+                    header_params=headers, body=body, auth_settings=["BearerToken"],
+                )
+                resp = self.api.call_api(m, url, header_params=hdrs, body=raw, post_params=post,
+                                         _request_timeout=30)
+                resp.read()
+                if not 200 <= resp.status < 300:
+                    raise ApiException(status=resp.status, reason=resp.reason,
+                                       body=resp.data.decode(errors="replace"))
+            else:
+                resp = self.api.call_api(
+                    path, method, query_params=query or [], header_params=headers, body=body,
+                    auth_settings=["BearerToken"], _preload_content=False,
+                    _return_http_data_only=True, _request_timeout=30,
+                )
         data = resp.data
         return json.loads(data) if data else None
 

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from etoperator import kube
+from tests.emulator.server import Emulator
+from tests.harness import ROOT, Cluster, OperatorProcess
+from tests.kubelet import SimKubelet
+
+SSH_PORT = 2222
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kubeconfig", default=None, help="run the real-cluster tier against it")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not shutil.which("sshd") and not Path("/usr/sbin/sshd").exists():
+        pytest.fail("OpenSSH's sshd is needed (apt-get install openssh-server; .ci/run does it)")
+    tmp = tmp_path_factory.mktemp("cluster")
+    emulator = Emulator(ROOT / "crds")
+    emulator.start(tmp / "tls")
+    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
+    kubelet = SimKubelet(emulator, tmp / "kubelet", ssh_port=SSH_PORT)
+    kubelet.start()
+    operator = OperatorProcess(kubeconfig, tmp / "operator.log", SSH_PORT)
+    operator.start()
+    api = kube.Kube(kube.load_config(str(kubeconfig)))
+    c = Cluster(emulator, kubelet, operator, kubeconfig, api)
+    try:
+        yield c
+    finally:
+        operator.stop()
+        kubelet.stop()
+        emulator.stop()
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = cluster.new_namespace()
+    yield name
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, "rep_" + rep.when, rep)
