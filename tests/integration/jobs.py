@@ -11,9 +11,11 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
         "replicas": replicas,
         "template": {"spec": {"containers": [{"name": "worker", "image": "trainer:test"}]}},
     }
-    for key in ("minReplicas", "maxReplicas", "restartPolicy"):
+    for key in ("minReplicas", "maxReplicas"):
         if key in spec:
             worker[key] = spec.pop(key)
+    if "workerRestartPolicy" in spec:
+        worker["restartPolicy"] = spec.pop("workerRestartPolicy")
     launcher: dict[str, Any] = {"template": {"spec": {"containers": [{
         "name": "launcher", "image": "trainer:test",
         "command": ["sh", "-c", "horovodrun -np 2 --host-discovery-script "

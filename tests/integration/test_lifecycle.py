@@ -42,3 +42,142 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: cluster.pods(ns, "happy", "worker") == [], 20, "workers cleaned up")
     assert cluster.pods(ns, "happy", "launcher") == ["happy-launcher"]
     assert "Succeeded" in cluster.event_reasons(ns, "happy")
+
+
+def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
+    # worker-1 stays Pending: no launcher, empty host list, phase Created.
+    cluster.kubelet.held.add((ns, "gate-worker-1"))
+    cluster.create(job("gate"), ns)
+    wait_for(lambda: cluster.pods(ns, "gate", "worker") == ["gate-worker-0", "gate-worker-1"])
+    wait_for(lambda: cluster.api.get("Pod", ns, "gate-worker-0")["status"]["phase"] == "Running")
+    # Give the operator passes to (wrongly) start the launcher; none may appear.
+    wait_for(lambda: cluster.status(ns, "gate").get("replicaStatuses", {}).get("Worker", {})
+             .get("active") == 2, 10, "status counts both workers")
+    assert cluster.pods(ns, "gate", "launcher") == []
+    assert cluster.hosts(ns, "gate") == []
+    assert cluster.phase(ns, "gate") == "Created"
+    # Running but with sshd refusing (its process killed): still not ready.
+    cluster.kubelet.held.discard((ns, "gate-worker-1"))
+    cluster.kubelet.emulator.call(lambda: cluster.kubelet._on(
+        cluster.emulator.store.objects[("", "pods")][(ns, "gate-worker-1")], "MODIFIED"))
+    running(cluster, ns, "gate")
+
+
+def test_worker_failure_never_policy_leaves_host_list(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("wf", replicas=3), ns)
+    running(cluster, ns, "wf", 3)
+    cluster.kubelet.finish(ns, "wf-worker-1", 137, reason="OOMKilled")
+    wait_for(lambda: cluster.hosts(ns, "wf") == ["wf-worker-0", "wf-worker-2"], 10,
+             "worker-1 out of the host list")
+    # The failed pod is cleaned up, not replaced (restartPolicy Never), the job runs on.
+    wait_for(lambda: cluster.pods(ns, "wf", "worker") == ["wf-worker-0", "wf-worker-2"], 10)
+    wait_for(lambda: cluster.api.get("Service", ns, "wf-worker-1") is None, 10, "service gone")
+    st = cluster.status(ns, "wf")
+    assert st["currentWorkers"] == ["wf-worker-0", "wf-worker-2"]
+    assert cluster.phase(ns, "wf") == "Running"
+    assert "WorkerLost" in cluster.event_reasons(ns, "wf")
+
+
+def test_worker_failure_replaced_under_new_index(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("wr", replicas=2, workerRestartPolicy="OnFailure"), ns)
+    running(cluster, ns, "wr")
+    cluster.api.delete("Pod", ns, "wr-worker-0")  # evicted / deleted
+    wait_for(lambda: cluster.hosts(ns, "wr") == ["wr-worker-1", "wr-worker-2"], 15,
+             "replacement wr-worker-2 in the host list")
+    assert cluster.pods(ns, "wr", "worker") == ["wr-worker-1", "wr-worker-2"]
+    reasons = cluster.event_reasons(ns, "wr")
+    assert "WorkerLost" in reasons and "WorkerReplaced" in reasons
+    assert cluster.status(ns, "wr")["lastWorkerIndex"] == 2
+
+
+def test_launcher_failure_fails_job(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("lf", cleanPodPolicy="All"), ns)
+    running(cluster, ns, "lf")
+    cluster.kubelet.finish(ns, "lf-launcher", 1)
+    wait_for(lambda: cluster.phase(ns, "lf") == "Failed", 10, "Failed")
+    cond = cluster.condition(ns, "lf", "Failed")
+    assert cond and cond["reason"] == "LauncherFailed" and "exit code 1" in cond["message"]
+    # cleanPodPolicy All: the launcher goes too.
+    wait_for(lambda: cluster.pods(ns, "lf") == [], 10, "every pod deleted")
+    assert cluster.status(ns, "lf").get("completionTime")
+
+
+def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("rs", restartPolicy="OnFailure", backoffLimit=1), ns)
+    running(cluster, ns, "rs")
+    cluster.kubelet.finish(ns, "rs-launcher", 2)
+    # A fresh run: new indices, a host list rebuilt from scratch, restartCount 1.
+    wait_for(lambda: cluster.status(ns, "rs").get("restartCount") == 1, 10, "restartCount 1")
+    wait_for(lambda: cluster.phase(ns, "rs") == "Running"
+             and cluster.hosts(ns, "rs") == ["rs-worker-2", "rs-worker-3"], 20, "second run")
+    assert cluster.pods(ns, "rs", "worker") == ["rs-worker-2", "rs-worker-3"]
+    launcher = cluster.api.get("Pod", ns, "rs-launcher")
+    assert launcher and launcher["status"]["phase"] == "Running"
+    # Second failure: the limit is reached and the job stays Failed.
+    cluster.kubelet.finish(ns, "rs-launcher", 2)
+    wait_for(lambda: cluster.phase(ns, "rs") == "Failed", 10, "Failed after backoff")
+    cond = cluster.condition(ns, "rs", "Failed")
+    assert cond and "backoffLimit 1 reached" in cond["message"]
+    assert cluster.status(ns, "rs")["restartCount"] == 1
+
+
+@pytest.mark.parametrize("policy,left", [
+    ("All", []),
+    ("Running", ["cp-launcher"]),
+    ("None", ["cp-launcher", "cp-worker-0", "cp-worker-1"]),
+])
+def test_clean_pod_policy(cluster: Cluster, ns: str, policy: str, left: list[str]) -> None:
+    cluster.create(job("cp", cleanPodPolicy=policy), ns)
+    running(cluster, ns, "cp")
+    cluster.kubelet.finish(ns, "cp-launcher", 0)
+    wait_for(lambda: cluster.phase(ns, "cp") == "Succeeded", 10)
+    wait_for(lambda: cluster.pods(ns, "cp") == left, 10, f"pods left by {policy}")
+    services = sorted(s["metadata"]["name"] for s in cluster.api.list("Service", ns))
+    assert services == [p for p in left if "worker" in p]
+
+
+def test_launcher_deleted_fails_job_by_default(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("ld"), ns)
+    running(cluster, ns, "ld")
+    cluster.api.delete("Pod", ns, "ld-launcher")
+    wait_for(lambda: cluster.phase(ns, "ld") == "Failed", 10, "Failed, not stuck Running")
+    cond = cluster.condition(ns, "ld", "Failed")
+    assert cond and cond["reason"] == "LauncherLost"
+
+
+def test_launcher_deleted_is_recreated_with_always(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("la", launcherRestartPolicy="Always"), ns)
+    running(cluster, ns, "la")
+    uid = cluster.api.get("Pod", ns, "la-launcher")["metadata"]["uid"]
+    cluster.api.delete("Pod", ns, "la-launcher")
+    wait_for(lambda: (cluster.api.get("Pod", ns, "la-launcher") or {}).get("metadata", {})
+             .get("uid") not in (None, uid), 10, "a new launcher")
+    wait_for(lambda: cluster.api.get("Pod", ns, "la-launcher")["status"]["phase"] == "Running")
+    assert cluster.phase(ns, "la") == "Running"
+    assert "LauncherRecreated" in cluster.event_reasons(ns, "la")
+
+
+def test_suspend_and_resume(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("sus"), ns)
+    running(cluster, ns, "sus")
+    ann = "job-supervisor.kube-ai.io/job-suspended"
+    cluster.api.patch("TrainingJob", ns, "sus", {"metadata": {"annotations": {ann: "true"}}})
+    wait_for(lambda: cluster.phase(ns, "sus") == "Suspended", 10)
+    wait_for(lambda: cluster.pods(ns, "sus") == [], 10, "all pods deleted")
+    assert cluster.hosts(ns, "sus") == []
+    cluster.api.patch("TrainingJob", ns, "sus", {"metadata": {"annotations": {ann: None}}})
+    wait_for(lambda: cluster.phase(ns, "sus") == "Running", 20, "resumed")
+    assert cluster.hosts(ns, "sus") == ["sus-worker-2", "sus-worker-3"]
+    assert cluster.status(ns, "sus").get("restartCount", 0) == 0
+    reasons = cluster.event_reasons(ns, "sus")
+    assert "Suspended" in reasons and "Resumed" in reasons
+
+
+def test_job_deletion_collects_children(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("gc"), ns)
+    running(cluster, ns, "gc")
+    cluster.api.delete("TrainingJob", ns, "gc")
+    wait_for(lambda: cluster.api.get("TrainingJob", ns, "gc") is None, 10, "job gone")
+    wait_for(lambda: cluster.pods(ns, "gc", live=False) == [], 10, "pods gone")
+    for kind in ("Service", "ConfigMap", "Secret", "Role"):
+        assert [o for o in cluster.api.list(kind, ns)] == [], kind
