@@ -1,0 +1,170 @@
+"""Bad input, conflicts, operator restarts and the live host list."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.harness import Cluster, wait_for
+from tests.integration.jobs import job
+from tests.integration.test_lifecycle import running
+
+pytestmark = pytest.mark.integration
+
+
+def kubectl_create(cluster: Cluster, ns: str, manifest: dict) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("create", "--validate=false", "-n", ns, "-f", "-",
+                           input=yaml.safe_dump(manifest), check=False)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=3),
+     "minReplicas must not exceed replicas"),
+    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1),
+     "replicas must not exceed maxReplicas"),
+    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(replicas=0), "minimum"),
+    (lambda j: j["spec"].update(cleanPodPolicy="Sometimes"), "cleanPodPolicy"),
+    (lambda j: j["spec"].update(backoffLimit=-1), "backoffLimit"),
+    (lambda j: j["spec"]["etReplicaSpecs"].pop("launcher"), "launcher"),
+    (lambda j: j["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"].update(containers=[]),
+     "containers"),
+])
+def test_schema_rejects(cluster: Cluster, ns: str, mutate, needle: str) -> None:
+    manifest = job("bad")
+    mutate(manifest)
+    res = kubectl_create(cluster, ns, manifest)
+    assert res.returncode != 0 and needle in res.stderr, res.stderr
+    assert cluster.api.get("TrainingJob", ns, "bad") is None
+
+
+def test_missing_optional_fields_are_defaulted_not_fatal(cluster: Cluster, ns: str) -> None:
+    # The Go operator crashed on a missing worker.replicas or backoffLimit.
+    manifest = job("defaults")
+    del manifest["spec"]["etReplicaSpecs"]["worker"]["replicas"]
+    res = kubectl_create(cluster, ns, manifest)
+    assert res.returncode == 0, res.stderr
+    running(cluster, ns, "defaults", 1)
+    spec = cluster.job(ns, "defaults")["spec"]
+    assert spec["backoffLimit"] == 6 and spec["cleanPodPolicy"] == "Running"
+    assert spec["etReplicaSpecs"]["worker"]["replicas"] == 1
+
+
+def test_name_too_long_fails_with_condition_and_event(cluster: Cluster, ns: str) -> None:
+    name = "a" * 55
+    cluster.create(job(name), ns)
+    wait_for(lambda: cluster.phase(ns, name) == "Failed", 10, "Failed")
+    cond = cluster.condition(ns, name, "Failed")
+    assert cond and cond["reason"] == "InvalidSpec" and "63-character" in cond["message"]
+    events = [e for e in cluster.events(ns, name) if e["reason"] == "InvalidSpec"]
+    assert events and events[0]["type"] == "Warning"
+    assert cluster.pods(ns, name) == []
+    # The operator keeps serving other jobs.
+    cluster.create(job("fine"), ns)
+    running(cluster, ns, "fine")
+
+
+def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
+    cluster.api.create({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": "taken-config", "namespace": ns},
+                        "data": {"hostfile": "someone-else:1\n"}})
+    cluster.create(job("taken"), ns)
+    wait_for(lambda: (cluster.condition(ns, "taken", "Blocked") or {}).get("status") == "True",
+             10, "Blocked condition")
+    cond = cluster.condition(ns, "taken", "Blocked")
+    assert cond and "ConfigMap taken-config exists and is not owned" in cond["message"]
+    assert "ChildConflict" in cluster.event_reasons(ns, "taken")
+    cm = cluster.api.get("ConfigMap", ns, "taken-config")
+    assert cm["data"] == {"hostfile": "someone-else:1\n"} and not cm["metadata"].get(
+        "ownerReferences")
+    assert cluster.pods(ns, "taken") == []
+    # Once the foreign object is gone, the job proceeds.
+    cluster.api.delete("ConfigMap", ns, "taken-config")
+    running(cluster, ns, "taken")
+    assert cluster.condition(ns, "taken", "Blocked")["status"] == "False"
+
+
+def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
+    from etoperator.builders import ssh
+    keys = ssh.generate_keypair()
+    cluster.api.create({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "my-keys", "namespace": ns},
+                        "stringData": {"id_rsa": keys.private_openssh,
+                                       "id_rsa.pub": keys.public_openssh}})
+    cluster.create(job("own", annotations={"arena.kubeflow.org/ssh-secret": "my-keys"}), ns)
+    running(cluster, ns, "own")
+    assert cluster.api.get("Secret", ns, "own") is None  # none generated
+    pod = cluster.api.get("Pod", ns, "own-worker-0")
+    vol = next(v for v in pod["spec"]["volumes"] if "secret" in v)
+    assert vol["secret"]["secretName"] == "my-keys"
+
+
+def test_private_key_never_logged_or_evented(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("quiet"), ns)
+    running(cluster, ns, "quiet")
+    secret = cluster.api.get("Secret", ns, "quiet")
+    private = base64.b64decode(secret["data"]["id_rsa"]).decode()
+    body = "".join(private.splitlines()[1:-1])
+    log = cluster.operator.log.read_text()
+    for line in private.splitlines()[1:-1]:
+        assert line not in log
+    for ev in cluster.events(ns):
+        assert body[:40] not in ev["message"]
+
+
+def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str) -> None:
+    cluster.kubelet.held.add((ns, "rst-worker-1"))
+    cluster.create(job("rst", replicas=2), ns)
+    wait_for(lambda: len(cluster.pods(ns, "rst", "worker")) == 2, 10)
+    cluster.operator.kill()
+    uids = {p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
+            for p in cluster.pods(ns, "rst", "worker")}
+    cluster.kubelet.held.discard((ns, "rst-worker-1"))
+    store = cluster.emulator.store
+    cluster.emulator.call(lambda: cluster.kubelet._on(
+        store.objects[("", "pods")][(ns, "rst-worker-1")], "MODIFIED"))
+    cluster.operator.start()
+    running(cluster, ns, "rst")
+    # The same two workers, never re-created; one launcher.
+    assert {p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
+            for p in cluster.pods(ns, "rst", "worker")} == uids
+    assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
+
+
+def test_discovery_script_sees_changes_within_two_seconds(
+        cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    """The real discover_hosts.sh from the ConfigMap, run as the launcher would run it."""
+    cluster.create(job("disc", replicas=3), ns)
+    running(cluster, ns, "disc", 3)
+    cm = cluster.api.get("ConfigMap", ns, "disc-config")
+    script = tmp_path / "discover_hosts.sh"
+    script.write_text(cm["data"]["discover_hosts.sh"])
+    script.chmod(0o755)
+    (tmp_path / "hostfile").write_text(cm["data"]["hostfile"])
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("launcher-token")
+    (sa / "ca.crt").write_bytes(Path(cluster.emulator.ca).read_bytes())
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": cluster.emulator.host,
+           "KUBERNETES_SERVICE_PORT": str(cluster.emulator.port),
+           "ETOPERATOR_SA_DIR": str(sa), "TMPDIR": str(tmp_path)}
+
+    def discover() -> list[str]:
+        out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=10)
+        assert out.returncode == 0, out.stderr
+        return [line.split(":")[0] for line in out.stdout.splitlines()]
+
+    assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
+    t0 = time.monotonic()
+    cluster.kubelet.finish(ns, "disc-worker-1", 1)
+    wait_for(lambda: discover() == ["disc-worker-0", "disc-worker-2"], 2.0,
+             "the discovery script to drop disc-worker-1", interval=0.05)
+    print(f"host-list change reached discover_hosts.sh in {time.monotonic() - t0:.2f}s")
+    # API server unreachable: the last list it read, never an empty or stale-mounted one.
+    env["KUBERNETES_SERVICE_PORT"] = "1"
+    assert discover() == ["disc-worker-0", "disc-worker-2"]
