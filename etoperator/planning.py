@@ -553,7 +553,11 @@ class _Planner:
             return members, hosts
         if all(self.workers.get(n) and self.workers[n].ready for n in new):
             hosts = hosts + [n for n in new if n not in hosts]
-            self.finish_scale(sc, members, f"added {', '.join(new)} to the host list")
+            # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
+            if set(new) <= set(self.inp.published or []):
+                self.finish_scale(sc, members, f"added {', '.join(new)} to the host list")
+            else:
+                self.busy = True
         else:
             self.busy = True
         return members, hosts
@@ -653,7 +657,9 @@ class _Planner:
         """`kubectl scale` changed the worker replicas: run it as a scaler of the difference."""
         job = self.job()
         accepted = self.s.get("acceptedReplicas")
-        if accepted is None or accepted == job.worker.replicas:
+        wanted = self.plan.spec_replicas if self.plan.spec_replicas is not None else (
+            job.worker.replicas)
+        if accepted is None or accepted == wanted:
             return
         if self.s.get("currentScaler") or any(
             sc.phase not in st.SCALE_TERMINAL and sc.key not in self.plan.scaler_status

@@ -174,6 +174,7 @@ def trainingjob_schema() -> Schema:
             "workerSelector": {"type": "string"},
             "lastWorkerIndex": {"type": "integer"},
             "runStartIndex": {"type": "integer"},
+            "acceptedReplicas": {"type": "integer"},
         }
     )
     return {"type": "object", "properties": {"spec": spec, "status": status}}

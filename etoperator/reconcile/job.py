@@ -326,6 +326,15 @@ class JobReconciler:
         ns, name = inp.namespace, inp.name
         rv = job["metadata"]["resourceVersion"]
         scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        # 0. scalers get a controller reference to their job (so they go with it).
+        owner = Owner(naming.JOB_KIND, name, job["metadata"]["uid"])
+        for key in plan.adopt_scalers:
+            s = scalers[key]
+            refs = [r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")]
+            scalers[key] = self.kube.patch(key[0], ns, key[1], {"metadata": {
+                "ownerReferences": [*refs, owner.reference()],
+                "resourceVersion": s["metadata"]["resourceVersion"],
+            }})
         # 1. spec replicas after a finished scale.
         if plan.spec_replicas is not None:
             patched = self.kube.patch(naming.JOB_KIND, ns, name, {
@@ -399,13 +408,6 @@ class JobReconciler:
             run = str(plan.status.get("restartCount", 0))
             launcher["metadata"].setdefault("annotations", {})[ANN_RUN] = run
             problems += self.ensure(obs, launcher)
-        for kind, sname in plan.adopt_scalers:
-            s = next(x for x in obs.scalers if x["kind"] == kind and x["metadata"]["name"] == sname)
-            refs = [r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")]
-            self.kube.patch(kind, ns, sname, {"metadata": {
-                "ownerReferences": [*refs, owner.reference()],
-                "resourceVersion": s["metadata"]["resourceVersion"],
-            }})
         for new in plan.create_scalers:
             body = {
                 "apiVersion": naming.API_VERSION,

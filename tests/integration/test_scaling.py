@@ -1,0 +1,271 @@
+"""ScaleOut, ScaleIn and `kubectl scale` against the real operator process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import paramiko
+import pytest
+import yaml
+
+from tests.harness import Cluster, wait_for
+from tests.integration.jobs import job, scalein, scaleout
+from tests.integration.test_lifecycle import running
+
+pytestmark = pytest.mark.integration
+SO, SI = "ScaleOut", "ScaleIn"
+
+
+def settled(cluster: Cluster, ns: str, kind: str, name: str, phase: str,
+            timeout: float = 20) -> dict:
+    wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
+    return cluster.status(ns, name, kind)
+
+
+def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("so", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "so")
+    cluster.create(scaleout("grow", "so", 2), ns)
+    st = settled(cluster, ns, SO, "grow", "ScaleSucceeded")
+    assert st["addPods"] == ["so-worker-2", "so-worker-3"]
+    assert cluster.hosts(ns, "so") == [f"so-worker-{i}" for i in range(4)]
+    jst = cluster.status(ns, "so")
+    assert jst["currentWorkers"] == cluster.hosts(ns, "so") and jst.get("currentScaler") == ""
+    assert cluster.job(ns, "so")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
+    owner = cluster.api.get(SO, ns, "grow")["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "TrainingJob" and owner["name"] == "so" and owner["controller"]
+    out = cluster.kubectl("get", "scaleout", "-n", ns).stdout
+    assert "ScaleSucceeded" in out and "PHASE" in out
+
+
+def test_scale_out_beyond_max_is_refused(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("cap", replicas=2, maxReplicas=3), ns)
+    running(cluster, ns, "cap")
+    cluster.create(scaleout("toomany", "cap", 2), ns)
+    settled(cluster, ns, SO, "toomany", "ScaleFailed")
+    cond = cluster.condition(ns, "toomany", "ScaleFailed", SO)
+    assert cond and "exceed maxReplicas 3" in cond["message"]
+    assert cluster.pods(ns, "cap", "worker") == ["cap-worker-0", "cap-worker-1"]
+    warn = [e for e in cluster.events(ns, "toomany") if e["type"] == "Warning"]
+    assert warn and "maxReplicas" in warn[0]["message"]
+
+
+def test_scale_out_timeout_rolls_back(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("slow", replicas=2), ns)
+    running(cluster, ns, "slow")
+    cluster.kubelet.held.add((ns, "slow-worker-2"))  # never becomes ready
+    cluster.create(scaleout("late", "slow", 1, timeout=2), ns)
+    settled(cluster, ns, SO, "late", "ScaleFailed", 15)
+    cond = cluster.condition(ns, "late", "ScaleFailed", SO)
+    assert cond and "not ready within 2s" in cond["message"]
+    wait_for(lambda: cluster.pods(ns, "slow", "worker") == ["slow-worker-0", "slow-worker-1"],
+             10, "the new worker removed")
+    assert cluster.hosts(ns, "slow") == ["slow-worker-0", "slow-worker-1"]
+    assert cluster.job(ns, "slow")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2
+    assert cluster.phase(ns, "slow") == "Running"
+
+
+def test_scale_in_by_count_takes_highest_index(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("si", replicas=3), ns)
+    running(cluster, ns, "si", 3)
+    cluster.create(scalein("shrink", "si", count=1), ns)
+    st = settled(cluster, ns, SI, "shrink", "ScaleSucceeded")
+    assert st["toDeletePods"] == ["si-worker-2"]
+    assert cluster.hosts(ns, "si") == ["si-worker-0", "si-worker-1"]
+    wait_for(lambda: cluster.pods(ns, "si", "worker") == ["si-worker-0", "si-worker-1"], 10)
+    wait_for(lambda: cluster.api.get("Service", ns, "si-worker-2") is None, 10)
+    assert cluster.job(ns, "si")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2
+
+
+def test_scale_in_unknown_names_deletes_nothing(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("names", replicas=2), ns)
+    running(cluster, ns, "names")
+    cluster.create(scalein("typo", "names", pod_names=["names-worker-7"]), ns)
+    settled(cluster, ns, SI, "typo", "ScaleFailed")
+    cond = cluster.condition(ns, "typo", "ScaleFailed", SI)
+    assert cond and "names-worker-7" in cond["message"] and "nothing deleted" in cond["message"]
+    assert cluster.pods(ns, "names", "worker") == ["names-worker-0", "names-worker-1"]
+    assert cluster.hosts(ns, "names") == ["names-worker-0", "names-worker-1"]
+
+
+def test_scale_in_empty_pod_names_is_rejected(cluster: Cluster, ns: str) -> None:
+    for to_delete, needle in (({"podNames": []}, "podNames"),
+                              ({}, "exactly one of count and podNames"),
+                              ({"count": 1, "podNames": ["x"]}, "exactly one")):
+        manifest = scalein("empty", "any")
+        manifest["spec"]["toDelete"] = to_delete
+        res = cluster.kubectl("create", "--validate=false", "-n", ns, "-f", "-",
+                              input=yaml.safe_dump(manifest), check=False)
+        assert res.returncode != 0 and needle in res.stderr, res.stderr
+
+
+def test_scale_in_below_min_is_refused(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("floor", replicas=2, minReplicas=2), ns)
+    running(cluster, ns, "floor")
+    cluster.create(scalein("under", "floor", count=1), ns)
+    settled(cluster, ns, SI, "under", "ScaleFailed")
+    cond = cluster.condition(ns, "under", "ScaleFailed", SI)
+    assert cond and "below minReplicas 2" in cond["message"]
+    assert cluster.pods(ns, "floor", "worker") == ["floor-worker-0", "floor-worker-1"]
+
+
+@contextmanager
+def horovod_process(cluster: Cluster, ns: str, job_name: str, on: str, hostname: str
+                    ) -> Iterator[threading.Event]:
+    """A process started over SSH on worker `on`, as Horovod starts one, until the event is set."""
+    secret = cluster.api.get("Secret", ns, job_name)
+    key = paramiko.Ed25519Key.from_private_key(io.StringIO(
+        base64.b64decode(secret["data"]["id_rsa"]).decode()))
+    ip = cluster.kubelet.ip(ns, on)
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    client.connect(ip, port=cluster.kubelet.ssh_port, username="root", pkey=key,
+                   allow_agent=False, look_for_keys=False)
+    marker = f"etoperator-test-{ns}-{on}"
+    client.exec_command(f"HOROVOD_HOSTNAME={hostname} exec -a {marker} sleep 120")
+    wait_for(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0,
+             5, "the remote process")
+    done = threading.Event()
+    try:
+        yield done
+    finally:
+        subprocess.run(["pkill", "-f", marker])
+        client.close()
+
+
+def test_scale_in_drains_exact_victim_only(cluster: Cluster, ns: str) -> None:
+    """worker-1 vs worker-10: only a process of the exact victim keeps it busy."""
+    cluster.create(job("dr", replicas=11, minReplicas=1), ns)
+    running(cluster, ns, "dr", 11)
+    with horovod_process(cluster, ns, "dr", "dr-worker-1", "dr-worker-10"):
+        # A process of worker-10 must not hold worker-1.
+        cluster.create(scalein("one", "dr", pod_names=["dr-worker-1"], timeout=30), ns)
+        settled(cluster, ns, SI, "one", "ScaleSucceeded", 15)
+    assert "dr-worker-1" not in cluster.hosts(ns, "dr")
+    with horovod_process(cluster, ns, "dr", "dr-worker-2", "dr-worker-2"):
+        cluster.create(scalein("two", "dr", pod_names=["dr-worker-2"], timeout=60), ns)
+        wait_for(lambda: "dr-worker-2" not in cluster.hosts(ns, "dr"), 10, "out of host list")
+        # Still busy: the scaler waits, the pod stays.
+        wait_for(lambda: cluster.condition(ns, "two", "Scaling", SI), 5)
+        assert cluster.phase(ns, "two", SI) == "Scaling"
+        assert "dr-worker-2" in cluster.pods(ns, "dr", "worker")
+    # The process is gone: the victim is deleted and the scaler succeeds.
+    settled(cluster, ns, SI, "two", "ScaleSucceeded", 15)
+    wait_for(lambda: "dr-worker-2" not in cluster.pods(ns, "dr", "worker"), 10)
+
+
+def test_scale_in_drain_timeout_deletes_anyway(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("stuck", replicas=2), ns)
+    running(cluster, ns, "stuck")
+    with horovod_process(cluster, ns, "stuck", "stuck-worker-1", "stuck-worker-1"):
+        cluster.create(scalein("force", "stuck", count=1, timeout=2), ns)
+        settled(cluster, ns, SI, "force", "ScaleSucceeded", 15)
+        cond = cluster.condition(ns, "force", "DrainTimeout", SI)
+        assert cond and "deleted anyway" in cond["message"]
+        wait_for(lambda: cluster.pods(ns, "stuck", "worker") == ["stuck-worker-0"], 10)
+
+
+def test_scalers_run_oldest_first_one_at_a_time(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("q", replicas=2, maxReplicas=5), ns)
+    running(cluster, ns, "q")
+    cluster.kubelet.held.add((ns, "q-worker-2"))
+    cluster.create(scaleout("a-first", "q", 1, timeout=30), ns)
+    wait_for(lambda: cluster.phase(ns, "a-first", SO) == "Scaling", 10)
+    cluster.create(scalein("b-second", "q", count=1), ns)
+    # b-second waits while a-first runs.
+    wait_for(lambda: cluster.status(ns, "q").get("currentScaler") == f"ScaleOut:{ns}/a-first")
+    assert cluster.phase(ns, "b-second", SI) == ""
+    cluster.kubelet.held.discard((ns, "q-worker-2"))
+    store = cluster.emulator.store
+    cluster.emulator.call(lambda: cluster.kubelet._on(
+        store.objects[("", "pods")][(ns, "q-worker-2")], "MODIFIED"))
+    settled(cluster, ns, SO, "a-first", "ScaleSucceeded")
+    st = settled(cluster, ns, SI, "b-second", "ScaleSucceeded")
+    # Run after the ScaleOut, the ScaleIn by count removes the newest worker.
+    assert st["toDeletePods"] == ["q-worker-2"]
+    assert cluster.hosts(ns, "q") == ["q-worker-0", "q-worker-1"]
+
+
+def test_scaler_created_before_its_job(cluster: Cluster, ns: str) -> None:
+    cluster.create(scaleout("early", "later", 1), ns)
+    wait_for(lambda: cluster.condition(ns, "early", "Waiting", SO), 10, "Waiting condition")
+    assert cluster.condition(ns, "early", "Waiting", SO)["reason"] == "JobNotFound"
+    assert cluster.phase(ns, "early", SO) == ""
+    cluster.create(job("later", replicas=1), ns)
+    settled(cluster, ns, SO, "early", "ScaleSucceeded", 30)
+    assert cluster.hosts(ns, "later") == ["later-worker-0", "later-worker-1"]
+
+
+def test_job_finishing_mid_scale_fails_the_scaler(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("fin", replicas=1), ns)
+    running(cluster, ns, "fin", 1)
+    cluster.kubelet.held.add((ns, "fin-worker-1"))
+    cluster.create(scaleout("never", "fin", 1, timeout=60), ns)
+    wait_for(lambda: cluster.phase(ns, "never", SO) == "Scaling", 10)
+    cluster.kubelet.finish(ns, "fin-launcher", 0)
+    settled(cluster, ns, SO, "never", "ScaleFailed")
+    assert cluster.condition(ns, "never", "ScaleFailed", SO)["reason"] == "JobFinished"
+
+
+def test_job_deleted_mid_scale_takes_its_scalers(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("gone", replicas=1), ns)
+    running(cluster, ns, "gone", 1)
+    cluster.kubelet.held.add((ns, "gone-worker-1"))
+    cluster.create(scaleout("orphan", "gone", 1, timeout=60), ns)
+    wait_for(lambda: cluster.phase(ns, "orphan", SO) == "Scaling", 10)
+    cluster.api.delete("TrainingJob", ns, "gone")
+    wait_for(lambda: cluster.api.get(SO, ns, "orphan") is None, 10, "scaler collected")
+    wait_for(lambda: cluster.pods(ns, "gone", live=False) == [], 10)
+
+
+def test_operator_killed_after_plan_frozen(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("frz", replicas=2, maxReplicas=6), ns)
+    running(cluster, ns, "frz")
+    cluster.kubelet.held.add((ns, "frz-worker-2"))
+    cluster.create(scaleout("once", "frz", 1, timeout=60), ns)
+    wait_for(lambda: cluster.status(ns, "once", SO).get("addPods") == ["frz-worker-2"]
+             and cluster.status(ns, "frz").get("currentScaler"), 10, "plan frozen")
+    cluster.operator.kill()
+    cluster.kubelet.held.discard((ns, "frz-worker-2"))
+    store = cluster.emulator.store
+    cluster.emulator.call(lambda: cluster.kubelet._on(
+        store.objects[("", "pods")][(ns, "frz-worker-2")], "MODIFIED"))
+    cluster.operator.start()
+    st = settled(cluster, ns, SO, "once", "ScaleSucceeded")
+    assert st["addPods"] == ["frz-worker-2"]
+    assert cluster.pods(ns, "frz", "worker") == ["frz-worker-0", "frz-worker-1", "frz-worker-2"]
+    # ScaleIn, killed after victims were chosen: exactly those go, nothing more.
+    with horovod_process(cluster, ns, "frz", "frz-worker-1", "frz-worker-1"):
+        cluster.create(scalein("cut", "frz", pod_names=["frz-worker-1"], timeout=60), ns)
+        wait_for(lambda: cluster.status(ns, "cut", SI).get("toDeletePods"), 10)
+        cluster.operator.kill()
+        cluster.operator.start()
+    settled(cluster, ns, SI, "cut", "ScaleSucceeded")
+    wait_for(lambda: cluster.pods(ns, "frz", "worker") == ["frz-worker-0", "frz-worker-2"], 10)
+    assert cluster.hosts(ns, "frz") == ["frz-worker-0", "frz-worker-2"]
+
+
+def test_kubectl_scale_up_and_down(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("ks", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "ks")
+    cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "3")
+    wait_for(lambda: cluster.hosts(ns, "ks") == ["ks-worker-0", "ks-worker-1", "ks-worker-2"],
+             20, "scaled to 3")
+    outs = [s for s in cluster.api.list(SO, ns) if s["metadata"]["name"].startswith("ks-")]
+    assert len(outs) == 1 and outs[0]["status"]["phase"] == "ScaleSucceeded"
+    cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "1")
+    wait_for(lambda: cluster.hosts(ns, "ks") == ["ks-worker-0"], 20, "scaled to 1")
+    ins = cluster.api.list(SI, ns)
+    assert len(ins) == 1 and ins[0]["status"]["toDeletePods"] == ["ks-worker-1", "ks-worker-2"]
+    wait_for(lambda: cluster.phase(ns, ins[0]["metadata"]["name"], SI) == "ScaleSucceeded")
+    wait_for(lambda: cluster.phase(ns, "ks") == "Running")
+    # Beyond maxReplicas, the API server refuses the scale.
+    res = cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "9", check=False)
+    assert res.returncode != 0 and "maxReplicas" in res.stderr
+    out = cluster.kubectl("get", "tj", "ks", "-n", ns).stdout.split()
+    assert out[5:9] == ["ks", "Running", "1", "1"], out
