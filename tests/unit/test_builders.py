@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from pathlib import Path
+
+from etoperator import naming
+from etoperator.api.models import parse_job
+from etoperator.builders import config, pods, rbac, ssh
+from etoperator.builders.common import Owner, is_controlled_by
+from tests.integration.jobs import job
+
+OWNER = Owner("TrainingJob", "j", "uid-1")
+CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$|^[A-Z]|[./-]")
+
+
+def spec(**kw: object):
+    b = job("j", **kw)
+    b["metadata"].update(namespace="ns", uid="uid-1")
+    b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {
+        "labels": {"team": "ml"}, "annotations": {"sidecar": "off"}}
+    return parse_job(b)
+
+
+def keys(obj: object) -> set[str]:
+    out: set[str] = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.add(k)
+            out |= keys(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= keys(v)
+    return out
+
+
+def test_worker_pod() -> None:
+    s = spec()
+    before = copy.deepcopy(s.worker.template)
+    pod = pods.worker_pod(s, OWNER, 3, "j", True)
+    assert s.worker.template == before  # input untouched
+    meta = pod["metadata"]
+    assert meta["name"] == "j-worker-3"
+    assert meta["labels"] == {"team": "ml", "group-name": naming.GROUP, "training-job-name": "j",
+                              "training-job-role": "worker", "replica-index": "3"}
+    assert meta["annotations"] == {"sidecar": "off"}
+    assert is_controlled_by(pod, "uid-1")
+    assert pod["spec"]["restartPolicy"] == "Never"
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == pods.DEFAULT_WORKER_COMMAND
+    assert {"name": pods.SSH_VOLUME, "mountPath": "/root/.ssh"} in c["volumeMounts"]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == pods.SSH_VOLUME)
+    assert vol["secret"]["defaultMode"] == 0o600
+    items = {(i["key"], i["path"]) for i in vol["secret"]["items"]}
+    assert ("id_rsa.pub", "authorized_keys") in items and ("config", "config") in items
+    assert all(not k.startswith("_") and "_" not in k for k in keys(pod) - {"nvidia.com/gpu"})
+
+
+def test_worker_keeps_its_own_command() -> None:
+    s = spec()
+    b = job("j")
+    b["metadata"].update(namespace="ns", uid="uid-1")
+    b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
+        "/start.sh"]
+    pod = pods.worker_pod(parse_job(b), OWNER, 0, "j", False)
+    assert pod["spec"]["containers"][0]["command"] == ["/start.sh"]
+    assert s is not None
+
+
+def test_launcher_pod_mounts_and_modes() -> None:
+    s = spec()
+    pod = pods.launcher_pod(s, OWNER, "j", True, "j-launcher")
+    assert pod["metadata"]["name"] == "j-launcher"
+    assert pod["metadata"]["labels"]["training-job-role"] == "launcher"
+    assert pod["spec"]["serviceAccountName"] == "j-launcher"
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts == {"/root/.ssh", "/etc/edl"}
+    cfg = next(v for v in pod["spec"]["volumes"] if v["name"] == pods.CONFIG_VOLUME)
+    modes = {i["path"]: i["mode"] for i in cfg["configMap"]["items"]}
+    # Readable (and the script executable) by a non-root launcher: never 0600.
+    assert modes == {"discover_hosts.sh": 0o755, "hostfile": 0o644, "deepspeed-hostfile": 0o644}
+
+
+def test_worker_service_selects_exactly_one_pod() -> None:
+    svc = pods.worker_service(spec(), OWNER, 4)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"]["replica-index"] == "4"
+    assert sorted(p["port"] for p in svc["spec"]["ports"]) == [22, 9009]
+
+
+def test_configmap_contents() -> None:
+    cm = config.config_map("j", "ns", OWNER, ["j-worker-0", "j-worker-2"], 2)
+    assert cm["data"]["hostfile"] == "j-worker-0:2\nj-worker-2:2\n"
+    assert cm["data"]["deepspeed-hostfile"] == "j-worker-0 slots=2\nj-worker-2 slots=2\n"
+    assert config.hosts_of(cm["data"]) == ["j-worker-0", "j-worker-2"]
+    assert config.config_map("j", "ns", OWNER, [], 1)["data"]["hostfile"] == ""
+
+
+def test_discover_script_is_valid_sh_and_falls_back(tmp_path: Path) -> None:
+    script = tmp_path / "discover_hosts.sh"
+    script.write_text(config.discover_script("j", "ns"))
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+    script.chmod(0o755)
+    (tmp_path / "hostfile").write_text("j-worker-0:1\n")
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), "ETOPERATOR_SA_DIR": str(tmp_path)}
+    # No API server: no cached list yet, so the mounted copy.
+    out = subprocess.run([str(script)], capture_output=True, text=True, env=env)
+    assert out.stdout == "j-worker-0:1\n"
+
+
+def test_rbac_names_plural_resource() -> None:
+    role = rbac.launcher_role("j", "ns", OWNER)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["j-config"], "verbs": ["get"]}]
+    binding = rbac.launcher_binding("j", "ns", OWNER, "custom-sa")
+    assert binding["subjects"][0]["name"] == "custom-sa"
+
+
+def test_ssh_secret_keys() -> None:
+    keys_ = ssh.generate_keypair("c")
+    sec = ssh.ssh_secret("j", "ns", OWNER, keys_)
+    assert set(sec["stringData"]) == {"id_rsa", "id_rsa.pub", "authorized_keys", "config"}
+    assert sec["stringData"]["id_rsa"].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert sec["stringData"]["id_rsa.pub"].startswith("ssh-ed25519 ")
+    assert "StrictHostKeyChecking no" in sec["stringData"]["config"]
+    assert "PRIVATE" not in repr(keys_)
+    assert ssh.missing_keys({"data": {"id_rsa": "x"}}) == ["id_rsa.pub"]

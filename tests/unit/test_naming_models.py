@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from etoperator import naming
+from etoperator.api.models import InvalidSpec, parse_job, parse_scaler
+from tests.integration.jobs import job, scalein, scaleout
+
+
+@pytest.mark.parametrize("name,ok", [
+    ("a", True), ("job-1", True), ("a" * naming.MAX_JOB_NAME, True),
+    ("a" * (naming.MAX_JOB_NAME + 1), False), ("Job", False), ("-a", False), ("a-", False),
+    ("a_b", False), ("a.b", False), ("", False), ("a;rm -rf", False),
+])
+def test_job_name_problem(name: str, ok: bool) -> None:
+    assert (naming.job_name_problem(name) is None) == ok
+
+
+@pytest.mark.parametrize("pod,index", [
+    ("j-worker-0", 0), ("j-worker-10", 10), ("j-worker-1", 1), ("j-worker-01", None),
+    ("j-worker-", None), ("j-worker-1x", None), ("k-worker-1", None), ("j-launcher", None),
+])
+def test_worker_index(pod: str, index: int | None) -> None:
+    assert naming.worker_index("j", pod) == index
+
+
+def test_scaler_ref_round_trip() -> None:
+    ref = naming.scaler_ref("ScaleIn", "ns", "s")
+    assert ref == "ScaleIn:ns/s"
+    assert naming.parse_scaler_ref(ref) == ("ScaleIn", "ns", "s")
+    assert naming.parse_scaler_ref("") is None
+    assert naming.parse_scaler_ref("Pod:ns/x") is None
+
+
+def body(**kw: object) -> dict:
+    b = job("j", **kw)
+    b["metadata"].update(namespace="ns", uid="u1")
+    return b
+
+
+def test_parse_job_defaults() -> None:
+    b = body()
+    del b["spec"]["etReplicaSpecs"]["worker"]["replicas"]
+    spec = parse_job(b)
+    assert spec.worker.replicas == 1 and spec.worker.min_replicas == 1
+    assert spec.worker.max_replicas is None and spec.worker.restart_policy == "Never"
+    assert spec.backoff_limit == 6 and spec.clean_pod_policy == "Running"
+    assert spec.restart_policy == "Never" and spec.slots_per_worker == 1
+    assert spec.launcher.restart_policy == "Never" and not spec.suspended
+
+
+def test_slots_default_to_gpu_limit() -> None:
+    b = body()
+    c = b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    c["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    assert parse_job(b).slots_per_worker == 4
+    b["spec"]["slotsPerWorker"] = 2
+    assert parse_job(b).slots_per_worker == 2
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=5), "minReplicas"),
+    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1), "maxReplicas"),
+    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(replicas="2"), "integer"),
+    (lambda b: b["spec"]["etReplicaSpecs"].pop("worker"), "worker"),
+    (lambda b: b["spec"].update(cleanPodPolicy="Some"), "cleanPodPolicy"),
+    (lambda b: b["spec"].update(backoffLimit=-1), "backoffLimit"),
+    (lambda b: b["metadata"].update(name="x" * 60), "63-character"),
+    (lambda b: b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"].update(containers=[]),
+     "containers"),
+    (lambda b: b["metadata"].update(annotations={naming.ANN_SSH_SECRET: "Bad Name"}),
+     "Secret"),
+])
+def test_parse_job_refuses(mutate, needle: str) -> None:
+    b = body()
+    mutate(b)
+    with pytest.raises(InvalidSpec, match=needle):
+        parse_job(b)
+
+
+def test_parse_job_does_not_mutate_input() -> None:
+    b = body()
+    before = copy.deepcopy(b)
+    spec = parse_job(b)
+    spec.worker.template["spec"]["containers"][0]["name"] = "changed"
+    assert b == before
+
+
+def test_suspend_annotation() -> None:
+    b = body(annotations={naming.ANN_SUSPENDED: "true"})
+    assert parse_job(b).suspended
+
+
+@pytest.mark.parametrize("manifest,needle", [
+    (scalein("s", "j"), "exactly one"),
+    (scalein("s", "j", count=1, pod_names=["j-worker-0"]), "exactly one"),
+    (scalein("s", "j", pod_names=[]), "at least one"),
+    (scalein("s", "j", pod_names=["j-worker-0", "j-worker-0"]), "twice"),
+    (scalein("s", "j", pod_names=["$(reboot)"]), "invalid pod name"),
+    (scaleout("s", "j", 0), "at least 1"),
+    (scaleout("s", "Bad_Job", 1), "not a valid"),
+])
+def test_parse_scaler_refuses(manifest: dict, needle: str) -> None:
+    with pytest.raises(InvalidSpec, match=needle):
+        parse_scaler(manifest["kind"], manifest)
+
+
+def test_scaler_env_and_script() -> None:
+    m = scaleout("s", "j", 1)
+    m["spec"].update(script="/scripts/notify.sh", env=[{"name": "A", "value": "x y"}])
+    spec = parse_scaler("ScaleOut", m)
+    assert spec.env == (("A", "x y"),) and spec.timeout == 60
+    m["spec"]["env"] = [{"name": "A=B; rm", "value": "x"}]
+    with pytest.raises(InvalidSpec, match="variable name"):
+        parse_scaler("ScaleOut", m)
+    m["spec"]["env"] = []
+    m["spec"]["script"] = "relative.sh"
+    with pytest.raises(InvalidSpec, match="absolute"):
+        parse_scaler("ScaleOut", m)
