@@ -14,20 +14,35 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the operator")
     scope = run.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[],
-                       help="watch this namespace (repeatable); default: all namespaces")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: all namespaces",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     run.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here")
-    run.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                     help="liveness endpoint URL ('' to disable)")
-    run.add_argument("--no-ssh-checks", action="store_true",
-                     help="count a Running worker as ready (when the operator cannot reach pods)")
+    run.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="liveness endpoint URL ('' to disable)",
+    )
+    run.add_argument(
+        "--no-ssh-checks",
+        action="store_true",
+        help="count a Running worker as ready (when the operator cannot reach pods)",
+    )
     run.add_argument("--ssh-port", type=int, default=22)
-    run.add_argument("--no-node-watch", action="store_true",
-                     help="do not watch nodes for preemption taints")
-    run.add_argument("--preemption-taint", action="append",
-                     help="node taint key announcing termination (repeatable)")
+    run.add_argument(
+        "--no-node-watch", action="store_true", help="do not watch nodes for preemption taints"
+    )
+    run.add_argument(
+        "--preemption-taint",
+        action="append",
+        help="node taint key announcing termination (repeatable)",
+    )
     run.add_argument("--log-format", choices=("text", "json"), default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -48,18 +63,22 @@ def main(argv: list[str] | None = None) -> int:
 
     import etoperator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON
-                   if args.log_format == "json" else kopf.LogFormat.PLAIN)
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
     # kopf reports every event handler run at INFO; our own loggers say what matters.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for noisy in ("kubernetes", "paramiko", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    asyncio.run(kopf.operator(
-        standalone=True,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness or None,
-    ))
+    asyncio.run(
+        kopf.operator(
+            standalone=True,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -47,8 +48,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
         ssh_checks=cfg.ssh_checks,
     )
-    RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers,
-                            taint_keys=set(cfg.preemption_taints))
+    RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints))
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started: %s", cfg.describe())
@@ -68,8 +68,8 @@ def probe_jobs(**_: Any) -> int:
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.JOB_PLURAL)
-async def job_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
-    key = (namespace, name)
+async def job_event(type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
+    key = (namespace or "", name)
     rt = runtime()
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         rt.forget(key)
@@ -79,13 +79,13 @@ async def job_event(type: str | None, name: str, namespace: str, body: Any, **_:
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
-async def pod_event(labels: Any, namespace: str, **_: Any) -> None:
+async def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
     job = labels.get(naming.LABEL_JOB)
     if job:
-        runtime().kick((namespace, job))
+        runtime().kick((namespace or "", job))
 
 
-async def _scaler_event(kind: str, name: str, namespace: str, body: Any) -> None:
+async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -> None:
     job = ((body.get("spec") or {}).get("selector") or {}).get("name")
     rt = runtime()
     if isinstance(job, str) and rt.has((namespace, job)):
@@ -98,19 +98,23 @@ async def _scaler_event(kind: str, name: str, namespace: str, body: Any) -> None
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)
-async def scaleout_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
-    if type != "DELETED":
+async def scaleout_event(
+    type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> None:
+    if type != "DELETED" and namespace:
         await _scaler_event(naming.SCALEOUT_KIND, name, namespace, body)
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEIN_PLURAL)
-async def scalein_event(type: str | None, name: str, namespace: str, body: Any, **_: Any) -> None:
-    if type != "DELETED":
+async def scalein_event(
+    type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> None:
+    if type != "DELETED" and namespace:
         await _scaler_event(naming.SCALEIN_KIND, name, namespace, body)
 
 
 @kopf.on.event("", "v1", "nodes", when=lambda **_: WATCH_NODES)
-async def node_event(type: str | None, name: str, body: Any, **_: Any) -> None:
+async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
     """Spot/preemption notices: a node tainted for termination takes its workers with it."""
     rt = runtime()
     taints = {t.get("key") for t in (body.get("spec") or {}).get("taints") or []}

@@ -101,28 +101,46 @@ class Kube:
     requests: int = 0  # counted for the benchmark's "requests per minute"
 
     def _call(
-        self, method: str, path: str, body: Any = None,
-        query: list[tuple[str, Any]] | None = None, content_type: str = "application/json",
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, Any]] | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         self.requests += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
         with _translate():
             if hasattr(self.api, "param_serialize"):  # kubernetes >= 31
                 m, url, hdrs, raw, post = self.api.param_serialize(
-                    method=method, resource_path=path, query_params=query or [],
-                    header_params=headers, body=body, auth_settings=["BearerToken"],
+                    method=method,
+                    resource_path=path,
+                    query_params=query or [],
+                    header_params=headers,
+                    body=body,
+                    auth_settings=["BearerToken"],
                 )
-                resp = self.api.call_api(m, url, header_params=hdrs, body=raw, post_params=post,
-                                         _request_timeout=30)
+                resp = self.api.call_api(
+                    m, url, header_params=hdrs, body=raw, post_params=post, _request_timeout=30
+                )
                 resp.read()
                 if not 200 <= resp.status < 300:
-                    raise ApiException(status=resp.status, reason=resp.reason,
-                                       body=resp.data.decode(errors="replace"))
+                    raise ApiException(
+                        status=resp.status,
+                        reason=resp.reason,
+                        body=resp.data.decode(errors="replace"),
+                    )
             else:
                 resp = self.api.call_api(
-                    path, method, query_params=query or [], header_params=headers, body=body,
-                    auth_settings=["BearerToken"], _preload_content=False,
-                    _return_http_data_only=True, _request_timeout=30,
+                    path,
+                    method,
+                    query_params=query or [],
+                    header_params=headers,
+                    body=body,
+                    auth_settings=["BearerToken"],
+                    _preload_content=False,
+                    _return_http_data_only=True,
+                    _request_timeout=30,
                 )
         data = resp.data
         return json.loads(data) if data else None
@@ -160,12 +178,18 @@ class Kube:
             raise
 
     def patch(
-        self, kind: str, namespace: str, name: str, patch: Any, sub: str | None = None,
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Any,
+        sub: str | None = None,
         content_type: str = MERGE,
     ) -> dict[str, Any]:
         return dict(
-            self._call("PATCH", _path(kind, namespace, name, sub), body=patch,
-                       content_type=content_type)
+            self._call(
+                "PATCH", _path(kind, namespace, name, sub), body=patch, content_type=content_type
+            )
         )
 
     def event(
@@ -177,7 +201,10 @@ class Kube:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'x')}.", "namespace": meta["namespace"]},
+            "metadata": {
+                "generateName": f"{meta.get('name', 'x')}.",
+                "namespace": meta["namespace"],
+            },
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion"),
                 "kind": obj.get("kind"),

@@ -8,12 +8,17 @@ REGISTRY = CollectorRegistry()
 
 JOBS = Gauge("etoperator_jobs", "TrainingJobs by phase", ["phase"], registry=REGISTRY)
 SCALES = Counter(
-    "etoperator_scale_operations_total", "Scalers settled, by kind and result",
-    ["kind", "result"], registry=REGISTRY,
+    "etoperator_scale_operations_total",
+    "Scalers settled, by kind and result",
+    ["kind", "result"],
+    registry=REGISTRY,
 )
 SCALE_SECONDS = Histogram(
-    "etoperator_scale_duration_seconds", "Time from a scaler's start to its end", ["kind"],
-    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=REGISTRY,
+    "etoperator_scale_duration_seconds",
+    "Time from a scaler's start to its end",
+    ["kind"],
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
 )
 HOST_UPDATES = Counter(
     "etoperator_hostlist_updates_total", "Host-list (ConfigMap) writes", registry=REGISTRY
@@ -23,15 +28,19 @@ RECONCILE_ERRORS = Counter(
     "etoperator_reconcile_errors_total", "Reconcile passes that raised", registry=REGISTRY
 )
 RECONCILE_SECONDS = Histogram(
-    "etoperator_reconcile_duration_seconds", "Duration of one reconcile pass",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=REGISTRY,
+    "etoperator_reconcile_duration_seconds",
+    "Duration of one reconcile pass",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    registry=REGISTRY,
 )
 WORKERS_REPLACED = Counter(
-    "etoperator_workers_replaced_total", "Lost workers replaced under a new index",
+    "etoperator_workers_replaced_total",
+    "Lost workers replaced under a new index",
     registry=REGISTRY,
 )
 WORKERS_LOST = Counter(
-    "etoperator_workers_lost_total", "Workers that left the host list unplanned",
+    "etoperator_workers_lost_total",
+    "Workers that left the host list unplanned",
     registry=REGISTRY,
 )
 

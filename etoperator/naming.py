@@ -41,7 +41,9 @@ SSH_PORT = 22
 SERVICE_PORTS = (22, 9009)
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
 # The longest index suffix we allow a job to reach; bounds the job-name length so that
 # `<job>-worker-<i>` always fits a 63-character DNS label (services need one).
 MAX_INDEX_DIGITS = 6

@@ -275,7 +275,8 @@ class _Planner:
         job = inp.spec
         failed_cond = st.condition(self.s["conditions"], st.FAILED)
         if (
-            self.s.get("phase") == st.FAILED and failed_cond
+            self.s.get("phase") == st.FAILED
+            and failed_cond
             and failed_cond.get("reason") == "InvalidSpec"
         ):
             # The spec was fixed after being refused: nothing was ever started, begin afresh.
@@ -366,7 +367,7 @@ class _Planner:
         for pod in self.workers.values():
             if pod.index is not None and pod.index < start:
                 self.delete(pod.name)
-        launcher = self.launcher
+        launcher: PodView | None = self.launcher
         if launcher is not None and launcher.run != run:
             self.delete(launcher.name)
             launcher = None
@@ -375,15 +376,15 @@ class _Planner:
 
         # Lost workers leave the host list at once; replaced per restartPolicy.
         for name in list(members):
-            pod = self.workers.get(name)
-            lost = pod.gone_bad if pod else name in hosts
+            member = self.workers.get(name)
+            lost = member.gone_bad if member else name in hosts
             if not lost:
                 continue
             members.remove(name)
             if name in hosts:
                 hosts.remove(name)
-            why = self.describe_loss(pod)
-            if pod is not None:
+            why = self.describe_loss(member)
+            if member is not None:
                 self.delete(name)
             if name in joining:
                 scale_out_broken.append(name)
@@ -393,7 +394,7 @@ class _Planner:
             self.plan.events.append(
                 Event("Warning", "WorkerLost", f"worker {name} {why}; removed from the host list")
             )
-            if replaces(job.worker.restart_policy, pod):
+            if replaces(job.worker.restart_policy, member):
                 index = self.last_index() + 1
                 self.s["lastWorkerIndex"] = index
                 new = naming.worker_name(job.name, index)
@@ -408,15 +409,19 @@ class _Planner:
 
         # Anything of this run that is not a member (nor draining) goes.
         for pod in self.workers.values():
-            if pod.index is not None and pod.index >= start and pod.name not in members:
-                if pod.name not in leaving or pod.gone_bad:
-                    self.delete(pod.name)
+            if (
+                pod.index is not None
+                and pod.index >= start
+                and pod.name not in members
+                and (pod.name not in leaving or pod.gone_bad)
+            ):
+                self.delete(pod.name)
         # Members without a pod are created (a name is free once its old pod is gone).
         for name in members:
             if name not in self.workers:
-                index = naming.worker_index(job.name, name)
-                if index is not None:
-                    self.plan.create_workers.append(index)
+                wanted = naming.worker_index(job.name, name)
+                if wanted is not None:
+                    self.plan.create_workers.append(wanted)
 
         if active is not None and active.kind == naming.SCALEOUT_KIND:
             members, hosts = self.drive_scale_out(active, members, hosts, scale_out_broken)
@@ -427,15 +432,20 @@ class _Planner:
         # The launcher: created once every member is ready, marked created once it is seen.
         ready = [m for m in members if self.workers.get(m) and self.workers[m].ready]
         if launcher is not None and not launched:
-            self.cond("LauncherCreated", "True", "LauncherCreated",
-                      f"launcher {launcher.name} created")
+            self.cond(
+                "LauncherCreated", "True", "LauncherCreated", f"launcher {launcher.name} created"
+            )
             launched = True
         if not launched:
             if self.launcher is None and members and len(ready) == len(members):
                 hosts = list(members)
                 self.plan.create_launcher = True
-                self.cond("WorkersReady", "True", "WorkersReady",
-                          f"{len(members)} workers accept the job's SSH key")
+                self.cond(
+                    "WorkersReady",
+                    "True",
+                    "WorkersReady",
+                    f"{len(members)} workers accept the job's SSH key",
+                )
             self.busy = True
         else:
             # Ready members join, except those a running ScaleOut admits together.
@@ -444,9 +454,13 @@ class _Planner:
                 if job.launcher.restart_policy in ("Always", "OnFailure"):
                     if launcher is None:
                         self.plan.create_launcher = True
-                    self.plan.events.append(Event(
-                        "Warning", "LauncherRecreated",
-                        f"launcher {naming.launcher_name(job.name)} was lost; recreating it"))
+                    self.plan.events.append(
+                        Event(
+                            "Warning",
+                            "LauncherRecreated",
+                            f"launcher {naming.launcher_name(job.name)} was lost; recreating it",
+                        )
+                    )
                     self.busy = True
                 else:
                     self.s["targetWorkers"], self.s["currentWorkers"] = members, hosts
@@ -477,7 +491,9 @@ class _Planner:
             self.start_scalers()
             self.scale_subresource()
             self.s["phase"] = st.SCALING if self.s.get("currentScaler") else st.RUNNING
-        if any(not (self.workers.get(m) and self.workers[m].ready) for m in self.s["targetWorkers"]):
+        if any(
+            not (self.workers.get(m) and self.workers[m].ready) for m in self.s["targetWorkers"]
+        ):
             self.busy = True
 
     def describe_loss(self, pod: PodView | None) -> str:
@@ -515,13 +531,19 @@ class _Planner:
                 self.delete(pod.name)
             self.fresh_run()
             self.plan.hosts = []
-            self.cond("Restarting", "True", "Restarting",
-                      f"{why}; restart {count + 1} of {job.backoff_limit}", warn=True)
+            self.cond(
+                "Restarting",
+                "True",
+                "Restarting",
+                f"{why}; restart {count + 1} of {job.backoff_limit}",
+                warn=True,
+            )
             self.busy = True
             return
         limit = (
             f"; backoffLimit {job.backoff_limit} reached"
-            if job.restart_policy == "OnFailure" else ""
+            if job.restart_policy == "OnFailure"
+            else ""
         )
         self.fail_job("LauncherFailed", why + limit)
 
@@ -540,8 +562,9 @@ class _Planner:
             assert sc.spec is not None
             missing = [n for n in new if not (self.workers.get(n) and self.workers[n].ready)]
             why = (
-                f"new workers failed while joining: {', '.join(broken)}" if broken else
-                f"new workers not ready within {sc.spec.timeout}s: {', '.join(missing)}"
+                f"new workers failed while joining: {', '.join(broken)}"
+                if broken
+                else f"new workers not ready within {sc.spec.timeout}s: {', '.join(missing)}"
             )
             for n in new:
                 self.delete(n)
@@ -569,13 +592,11 @@ class _Planner:
         hosts = [h for h in hosts if h not in victims]
         members = [m for m in members if m not in victims]
         published = set(self.inp.published or [])
-        alive = [
-            v for v in victims
-            if v in self.workers and not self.workers[v].deleting
-        ]
+        alive = [v for v in victims if v in self.workers and not self.workers[v].deleting]
         # A victim has drained when Horovod no longer runs on it (or its pod is not running).
         draining = [
-            v for v in alive
+            v
+            for v in alive
             if self.workers[v].phase == "Running"
             and (v in published or self.workers[v].busy is not False)
         ]
@@ -587,9 +608,13 @@ class _Planner:
         if draining:
             assert sc.spec is not None
             self.scaler_cond(
-                sc, st.SCALE_RUNNING, "DrainTimeout", "DrainTimeout",
+                sc,
+                st.SCALE_RUNNING,
+                "DrainTimeout",
+                "DrainTimeout",
                 f"Horovod still ran on {', '.join(draining)} after {sc.spec.timeout}s; "
-                "deleted anyway", warn=True,
+                "deleted anyway",
+                warn=True,
             )
         self.finish_scale(sc, members, f"removed {', '.join(victims)}")
         return members, hosts
@@ -627,7 +652,9 @@ class _Planner:
                     continue
                 assert spec.count is not None
                 first = self.last_index() + 1
-                planned = [naming.worker_name(job.name, i) for i in range(first, first + spec.count)]
+                planned = [
+                    naming.worker_name(job.name, i) for i in range(first, first + spec.count)
+                ]
                 self.s["lastWorkerIndex"] = first + spec.count - 1
                 self.s["targetWorkers"] = members + planned
                 self.plan.create_workers.extend(range(first, first + spec.count))
@@ -657,8 +684,11 @@ class _Planner:
         """`kubectl scale` changed the worker replicas: run it as a scaler of the difference."""
         job = self.job()
         accepted = self.s.get("acceptedReplicas")
-        wanted = self.plan.spec_replicas if self.plan.spec_replicas is not None else (
-            job.worker.replicas)
+        wanted = (
+            self.plan.spec_replicas
+            if self.plan.spec_replicas is not None
+            else (job.worker.replicas)
+        )
         if accepted is None or accepted == wanted:
             return
         if self.s.get("currentScaler") or any(
@@ -676,11 +706,13 @@ class _Planner:
             body["toAdd"] = {"count": delta}
         else:
             body["toDelete"] = {"count": -delta}
-        self.plan.create_scalers.append({
-            "kind": kind,
-            "name": f"{job.name}-replicas-{self.inp.generation}",
-            "spec": body,
-        })
+        self.plan.create_scalers.append(
+            {
+                "kind": kind,
+                "name": f"{job.name}-replicas-{self.inp.generation}",
+                "spec": body,
+            }
+        )
         self.busy = True
 
     def finish(self) -> Plan:
@@ -688,7 +720,8 @@ class _Planner:
         if job is not None:
             members = set(self.s.get("targetWorkers") or [])
             keep = {
-                p.name for p in self.workers.values()
+                p.name
+                for p in self.workers.values()
                 if not p.deleting and p.name not in self.plan.delete_pods
             }
             keep |= {naming.worker_name(job.name, i) for i in self.plan.create_workers}
@@ -697,15 +730,18 @@ class _Planner:
             self.plan.services = sorted(keep)
             self.plan.create_workers = sorted(set(self.plan.create_workers))
             run_pods = [
-                p for p in self.inp.pods
-                if p.role == naming.ROLE_LAUNCHER or (p.index or 0) >= int(
-                    self.s.get("runStartIndex", 0))
+                p
+                for p in self.inp.pods
+                if p.role == naming.ROLE_LAUNCHER
+                or (p.index or 0) >= int(self.s.get("runStartIndex", 0))
             ]
             self.s["replicaStatuses"] = {
                 "Launcher": st.replica_counts(
-                    p.phase for p in run_pods if p.role == naming.ROLE_LAUNCHER),
+                    p.phase for p in run_pods if p.role == naming.ROLE_LAUNCHER
+                ),
                 "Worker": st.replica_counts(
-                    p.phase for p in run_pods if p.role == naming.ROLE_WORKER),
+                    p.phase for p in run_pods if p.role == naming.ROLE_WORKER
+                ),
             }
             self.s["replicas"] = len(self.s.get("currentWorkers") or [])
         self.s["observedGeneration"] = self.inp.generation
@@ -730,14 +766,23 @@ def plan_orphan_scaler(sc: ScalerView, job_exists: bool, now: datetime) -> dict[
     job = sc.spec.job if sc.spec else "?"
     if sc.owned or sc.phase == st.SCALE_RUNNING:
         ctype, status_, reason, msg, phase = (
-            st.SCALE_FAILED, "True", "JobDeleted", f"job {job} was deleted", st.SCALE_FAILED
+            st.SCALE_FAILED,
+            "True",
+            "JobDeleted",
+            f"job {job} was deleted",
+            st.SCALE_FAILED,
         )
     else:
         ctype, status_, reason, msg, phase = (
-            "Waiting", "True", "JobNotFound", f"waiting for job {job} to exist", ""
+            "Waiting",
+            "True",
+            "JobNotFound",
+            f"waiting for job {job} to exist",
+            "",
         )
-    conds, changed = st.set_condition(sc.status.get("conditions") or [], ctype, status_, reason,
-                                      msg, t)
+    conds, changed = st.set_condition(
+        sc.status.get("conditions") or [], ctype, status_, reason, msg, t
+    )
     if not changed and sc.phase == phase:
         return None
     new = {**copy.deepcopy(sc.status), "conditions": conds, "phase": phase}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -96,10 +97,8 @@ class Runtime:
                 self.tasks.pop(key, None)
                 self.kicks.pop(key, None)
                 return
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=min(delay, RESYNC))
-            except TimeoutError:
-                pass
 
     def set_phase(self, key: Key, phase: str) -> None:
         if self.phases.get(key) != phase:

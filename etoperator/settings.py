@@ -46,7 +46,8 @@ class Settings:
             watch_timeout=int(env.get("ETOPERATOR_WATCH_TIMEOUT", "300")),
             watch_nodes=_bool("ETOPERATOR_WATCH_NODES", True),
             preemption_taints=tuple(t for t in taints.split(",") if t)
-            if taints is not None else DEFAULT_PREEMPTION_TAINTS,
+            if taints is not None
+            else DEFAULT_PREEMPTION_TAINTS,
         )
 
     def describe(self) -> str:

@@ -18,7 +18,9 @@ import paramiko
 log = logging.getLogger(__name__)
 
 _KEY_TYPES: tuple[type[paramiko.PKey], ...] = (
-    paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey,
+    paramiko.Ed25519Key,
+    paramiko.ECDSAKey,
+    paramiko.RSAKey,
 )
 
 
@@ -37,7 +39,9 @@ def load_key(private_key: str) -> paramiko.PKey:
 
 class _AcceptAny(paramiko.MissingHostKeyPolicy):
     # Worker host keys are generated at pod start; there is nothing to pin them to.
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
         return None
 
 
@@ -62,9 +66,15 @@ class SSHProber:
         client.set_missing_host_key_policy(_AcceptAny())
         try:
             client.connect(
-                host, port=self.port, username=self.user, pkey=key, timeout=self.timeout,
-                banner_timeout=self.timeout, auth_timeout=self.timeout,
-                allow_agent=False, look_for_keys=False,
+                host,
+                port=self.port,
+                username=self.user,
+                pkey=key,
+                timeout=self.timeout,
+                banner_timeout=self.timeout,
+                auth_timeout=self.timeout,
+                allow_agent=False,
+                look_for_keys=False,
             )
             _, stdout, _ = client.exec_command(command, timeout=self.timeout)
             out = stdout.read().decode(errors="replace")

@@ -32,7 +32,11 @@ class Event:
 
 
 def set_condition(
-    conditions: list[dict[str, Any]], ctype: str, status: str, reason: str, message: str,
+    conditions: list[dict[str, Any]],
+    ctype: str,
+    status: str,
+    reason: str,
+    message: str,
     now: str,
 ) -> tuple[list[dict[str, Any]], bool]:
     """A copy of `conditions` with one of type `ctype` set; True when anything changed.
@@ -43,11 +47,13 @@ def set_condition(
     out = [c for c in conditions if c.get("type") != ctype]
     old = next((c for c in conditions if c.get("type") == ctype), None)
     if old and (old.get("status"), old.get("reason"), old.get("message")) == (
-        status, reason, message,
+        status,
+        reason,
+        message,
     ):
         return copy.deepcopy(conditions), False
-    transition = now if not old or old.get("status") != status else old.get(
-        "lastTransitionTime", now
+    transition = (
+        now if not old or old.get("status") != status else old.get("lastTransitionTime", now)
     )
     out.append(
         {

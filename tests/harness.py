@@ -28,8 +28,9 @@ class Timeout(AssertionError):
     pass
 
 
-def wait_for(fn: Callable[[], T], timeout: float = 20.0, what: str = "condition",
-             interval: float = 0.05) -> T:
+def wait_for(
+    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
+) -> T:
     """Poll `fn` until it returns something truthy; fail with the last value after `timeout`."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -55,8 +56,14 @@ def free_port() -> int:
 class OperatorProcess:
     """The real operator (`etoperator run`) as a child process."""
 
-    def __init__(self, kubeconfig: Path, log: Path, ssh_port: int, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        ssh_port: int,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kubeconfig, self.log, self.ssh_port = kubeconfig, log, ssh_port
         self.extra = extra or []
         self.env = env or {}
@@ -64,12 +71,30 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "etoperator.cli", "run", "--kubeconfig", str(self.kubeconfig),
-               "--liveness", "", "--ssh-port", str(self.ssh_port),
-               "--metrics-port", str(self.metrics_port), *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "etoperator.cli",
+            "run",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--liveness",
+            "",
+            "--ssh-port",
+            str(self.ssh_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            *self.extra,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     env=env, cwd=ROOT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=open(self.log, "ab"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
 
     def kill(self) -> None:
         """SIGKILL: no chance to tidy up, as when a node dies."""
@@ -102,10 +127,16 @@ class Cluster:
     kubeconfig: Path
     api: kube.Kube
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None
-                ) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-                             capture_output=True, text=True, input=input, timeout=60)
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=60,
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr}")
         return res
@@ -113,8 +144,11 @@ class Cluster:
     def new_namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"
         store = self.emulator.store
-        self.emulator.call(lambda: store.create(
-            store.resources[("", "namespaces")], None, {"metadata": {"name": name}}))
+        self.emulator.call(
+            lambda: store.create(
+                store.resources[("", "namespaces")], None, {"metadata": {"name": name}}
+            )
+        )
         return name
 
     # -- reading the world ----------------------------------------------------------------
@@ -152,8 +186,9 @@ class Cluster:
     def event_reasons(self, ns: str, name: str) -> list[str]:
         return [e["reason"] for e in self.events(ns, name)]
 
-    def condition(self, ns: str, name: str, ctype: str, kind: str = naming.JOB_KIND
-                  ) -> dict[str, Any] | None:
+    def condition(
+        self, ns: str, name: str, ctype: str, kind: str = naming.JOB_KIND
+    ) -> dict[str, Any] | None:
         for c in self.status(ns, name, kind).get("conditions") or []:
             if c.get("type") == ctype:
                 return dict(c)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.emulator.server import Emulator, Watcher, now_iso
 from tests.emulator import ops
+from tests.emulator.server import Emulator, Watcher, now_iso
 
 SSHD = "/usr/sbin/sshd"
 NODE = "node-1"
@@ -31,27 +31,28 @@ def host_key(workdir: Path) -> Path:
     key = workdir / "ssh_host_ed25519_key"
     if not key.exists():
         workdir.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
-                       check=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     return key
 
 
 def sshd_config(ip: str, port: int, hostkey: Path, authorized: Path) -> str:
-    return "\n".join([
-        f"ListenAddress {ip}:{port}",
-        f"HostKey {hostkey}",
-        f"AuthorizedKeysFile {authorized}",
-        "PidFile none",
-        "StrictModes no",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PermitUserEnvironment no",
-        "LogLevel ERROR",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"ListenAddress {ip}:{port}",
+            f"HostKey {hostkey}",
+            f"AuthorizedKeysFile {authorized}",
+            "PidFile none",
+            "StrictModes no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "PermitUserEnvironment no",
+            "LogLevel ERROR",
+            "",
+        ]
+    )
 
 
 async def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
@@ -91,6 +92,7 @@ class SimKubelet:
 
         async def _start() -> None:
             self._task = asyncio.create_task(self._run())
+
         self.emulator.call(lambda: asyncio.ensure_future(_start()))
 
     def stop(self) -> None:
@@ -106,8 +108,9 @@ class SimKubelet:
 
     async def _run(self) -> None:
         res = self.store.resources[("", "pods")]
-        watcher = Watcher(res, None, ops.label_matcher(None), ops.field_matcher(None),
-                          asyncio.Queue())
+        watcher = Watcher(
+            res, None, ops.label_matcher(None), ops.field_matcher(None), asyncio.Queue()
+        )
         self.store.watchers.append(watcher)
         for pod in list(self.store.list(res, None, watcher.labels, watcher.fields)):
             self._on(pod, "ADDED")
@@ -151,8 +154,7 @@ class SimKubelet:
 
     def _current(self, key: tuple[str, str], uid: str) -> dict[str, Any] | None:
         obj = self.store.objects[("", "pods")].get(key)
-        if obj is None or obj["metadata"]["uid"] != uid or obj["metadata"].get(
-                "deletionTimestamp"):
+        if obj is None or obj["metadata"]["uid"] != uid or obj["metadata"].get("deletionTimestamp"):
             return None
         return obj
 
@@ -169,16 +171,30 @@ class SimKubelet:
         if pod is None:
             self._kill(key)
             return
-        self._set_status(key, {
-            "phase": "Running", "podIP": ip, "hostIP": "127.0.0.1", "startTime": now_iso(),
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": now_iso()}
-                           for t in ("PodScheduled", "Initialized", "ContainersReady",
-                                     "Ready")],
-            "containerStatuses": [{
-                "name": c["name"], "ready": True, "restartCount": 0, "image": c.get("image", ""),
-                "state": {"running": {"startedAt": now_iso()}}}
-                for c in pod["spec"]["containers"]],
-        }, node=NODE)
+        self._set_status(
+            key,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "hostIP": "127.0.0.1",
+                "startTime": now_iso(),
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": now_iso()}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": [
+                    {
+                        "name": c["name"],
+                        "ready": True,
+                        "restartCount": 0,
+                        "image": c.get("image", ""),
+                        "state": {"running": {"startedAt": now_iso()}},
+                    }
+                    for c in pod["spec"]["containers"]
+                ],
+            },
+            node=NODE,
+        )
 
     async def _sshd(self, key: tuple[str, str], pod: dict[str, Any], ip: str) -> bool:
         pubkey = self._mounted_pubkey(pod)
@@ -188,9 +204,15 @@ class SimKubelet:
         d.mkdir(parents=True, exist_ok=True)
         (d / "authorized_keys").write_text(pubkey)
         cfg = d / "sshd_config"
-        cfg.write_text(sshd_config(ip, self.ssh_port, host_key(self.workdir), d / "authorized_keys"))
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                stderr=open(d / "sshd.log", "ab"), start_new_session=True)
+        cfg.write_text(
+            sshd_config(ip, self.ssh_port, host_key(self.workdir), d / "authorized_keys")
+        )
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(d / "sshd.log", "ab"),
+            start_new_session=True,
+        )
         self.procs[key] = proc
         return await wait_port(ip, self.ssh_port)
 
@@ -200,16 +222,20 @@ class SimKubelet:
             if not secret:
                 continue
             obj = self.store.objects[("", "secrets")].get(
-                (pod["metadata"]["namespace"], secret["secretName"]))
+                (pod["metadata"]["namespace"], secret["secretName"])
+            )
             if obj is None:
                 return None
-            data = {**{k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()},
-                    **(obj.get("stringData") or {})}
+            data = {
+                **{k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()},
+                **(obj.get("stringData") or {}),
+            }
             return data.get("id_rsa.pub")
         return None
 
-    def _set_status(self, key: tuple[str, str], status: dict[str, Any],
-                    node: str | None = None) -> None:
+    def _set_status(
+        self, key: tuple[str, str], status: dict[str, Any], node: str | None = None
+    ) -> None:
         res = self.store.resources[("", "pods")]
         obj = copy.deepcopy(self.store.objects[res.key][key])
         if node:
@@ -226,28 +252,51 @@ class SimKubelet:
 
     def finish(self, namespace: str, name: str, exit_code: int = 0, reason: str = "") -> None:
         """End the pod's container: Succeeded for 0, Failed otherwise."""
+
         def _do() -> None:
             key = (namespace, name)
             self._kill(key)
-            self._set_status(key, {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "reason": reason or None,
-                "containerStatuses": [{"name": "main", "ready": False, "restartCount": 0,
-                                       "state": {"terminated": {
-                                           "exitCode": exit_code, "finishedAt": now_iso(),
-                                           "reason": "Completed" if exit_code == 0 else "Error"}}}],
-            })
+            self._set_status(
+                key,
+                {
+                    "phase": "Succeeded" if exit_code == 0 else "Failed",
+                    "reason": reason or None,
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": exit_code,
+                                    "finishedAt": now_iso(),
+                                    "reason": "Completed" if exit_code == 0 else "Error",
+                                }
+                            },
+                        }
+                    ],
+                },
+            )
+
         self.emulator.call(_do)
 
     def disrupt(self, namespace: str, name: str) -> None:
         """A DisruptionTarget condition, as the control plane sets before a preemption."""
+
         def _do() -> None:
             key = (namespace, name)
             obj = self.store.objects[("", "pods")][key]
             conds = list((obj.get("status") or {}).get("conditions") or [])
-            conds.append({"type": "DisruptionTarget", "status": "True",
-                          "reason": "PreemptionByScheduler", "lastTransitionTime": now_iso()})
+            conds.append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "PreemptionByScheduler",
+                    "lastTransitionTime": now_iso(),
+                }
+            )
             self._set_status(key, {"conditions": conds})
+
         self.emulator.call(_do)
 
     def kill_process(self, namespace: str, name: str) -> None:

@@ -157,8 +157,10 @@ def parse_job(body: dict[str, Any]) -> JobSpec:
             min_replicas=min_r,
             max_replicas=max_r,
             restart_policy=_choice(
-                worker.get("restartPolicy"), f"{wpath}.restartPolicy",
-                WORKER_RESTART_POLICIES, "Never",
+                worker.get("restartPolicy"),
+                f"{wpath}.restartPolicy",
+                WORKER_RESTART_POLICIES,
+                "Never",
             ),
         ),
         slots_per_worker=slots,

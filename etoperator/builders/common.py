@@ -29,7 +29,10 @@ class Owner:
 
 
 def metadata(
-    name: str, namespace: str, owner: Owner, labels: dict[str, str],
+    name: str,
+    namespace: str,
+    owner: Owner,
+    labels: dict[str, str],
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {

@@ -17,7 +17,7 @@ from etoperator.builders.common import Owner, metadata
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-_READER = r'''
+_READER = r"""
 import json, os, ssl, sys, tempfile, urllib.request
 
 cm, ns, sa, cache, mounted = sys.argv[1:6]
@@ -61,7 +61,7 @@ try:
 except OSError:
     pass
 emit(text)
-'''
+"""
 
 
 def hostfile(hosts: Sequence[str], slots: int) -> str:

@@ -61,7 +61,8 @@ def _with_volumes(
     first = containers[0]
     paths = {m["mountPath"] for m in mounts}
     kept = [
-        m for m in first.get("volumeMounts") or []
+        m
+        for m in first.get("volumeMounts") or []
         if m.get("name") not in ours and m.get("mountPath") not in paths
     ]
     first["volumeMounts"] = kept + mounts
@@ -70,12 +71,18 @@ def _with_volumes(
 
 
 def _pod(
-    name: str, job: JobSpec, owner: Owner, template: dict[str, Any],
-    labels: dict[str, str], spec: dict[str, Any],
+    name: str,
+    job: JobSpec,
+    owner: Owner,
+    template: dict[str, Any],
+    labels: dict[str, str],
+    spec: dict[str, Any],
 ) -> dict[str, Any]:
     tmeta = template.get("metadata") or {}
     meta = metadata(
-        name, job.namespace, owner,
+        name,
+        job.namespace,
+        owner,
         {**(tmeta.get("labels") or {}), **labels},
         dict(tmeta.get("annotations") or {}),
     )
@@ -118,8 +125,12 @@ def launcher_pod(
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
     return _pod(
-        naming.launcher_name(job.name), job, owner, job.launcher.template,
-        naming.launcher_labels(job.name), spec,
+        naming.launcher_name(job.name),
+        job,
+        owner,
+        job.launcher.template,
+        naming.launcher_labels(job.name),
+        spec,
     )
 
 

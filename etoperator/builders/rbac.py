@@ -12,7 +12,9 @@ def launcher_account(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+        "metadata": metadata(
+            naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)
+        ),
     }
 
 
@@ -20,7 +22,9 @@ def launcher_role(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+        "metadata": metadata(
+            naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)
+        ),
         "rules": [
             {
                 "apiGroups": [""],
@@ -36,7 +40,9 @@ def launcher_binding(job: str, namespace: str, owner: Owner, account: str) -> di
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": metadata(naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)),
+        "metadata": metadata(
+            naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)
+        ),
         "roleRef": {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "Role",

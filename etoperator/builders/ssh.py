@@ -44,9 +44,11 @@ def generate_keypair(comment: str = "etoperator") -> KeyPair:
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     ).decode()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     return KeyPair(private_openssh=private, public_openssh=f"{public} {comment}\n")
 
 

@@ -97,15 +97,15 @@ class JobReconciler:
             spec, error = None, str(exc)
         uid = body["metadata"]["uid"]
         selector = naming.selector(naming.job_labels(name))
-        owned = [
-            p for p in self.kube.list("Pod", namespace, selector) if is_controlled_by(p, uid)
-        ]
+        owned = [p for p in self.kube.list("Pod", namespace, selector) if is_controlled_by(p, uid)]
         services = [
             s for s in self.kube.list("Service", namespace, selector) if is_controlled_by(s, uid)
         ]
         cm = self.kube.get("ConfigMap", namespace, naming.config_map_name(name))
         scalers = [
-            s for kind in SCALER_KINDS for s in self.kube.list(kind, namespace)
+            s
+            for kind in SCALER_KINDS
+            for s in self.kube.list(kind, namespace)
             if ((s.get("spec") or {}).get("selector") or {}).get("name") == name
         ]
         return Observed(body, spec, error, owned, services, cm, scalers)
@@ -167,26 +167,30 @@ class JobReconciler:
                 if not self.ssh_checks or pname in hosts:
                     ready = running
                 else:
-                    ready = running and pname not in victims and bool(
-                        pname in probes and probes[pname].result()
+                    ready = (
+                        running
+                        and pname not in victims
+                        and bool(pname in probes and probes[pname].result())
                     )
             else:
                 ready = running
             busy = probes[pname].result() if pname in victims and pname in probes else None
             run = meta.get("annotations", {}).get(ANN_RUN)
-            views.append(PodView(
-                name=pname,
-                role=role,
-                index=naming.worker_index(name, pname) if role == naming.ROLE_WORKER else None,
-                phase=phase,
-                deleting=bool(meta.get("deletionTimestamp")),
-                ready=ready,
-                exit_code=code,
-                reason=str(pst.get("reason") or term_reason),
-                run=int(run) if run is not None and str(run).isdigit() else None,
-                leaving=_leaving(p, tainted) if role == naming.ROLE_WORKER else "",
-                busy=busy,
-            ))
+            views.append(
+                PodView(
+                    name=pname,
+                    role=role,
+                    index=naming.worker_index(name, pname) if role == naming.ROLE_WORKER else None,
+                    phase=phase,
+                    deleting=bool(meta.get("deletionTimestamp")),
+                    ready=ready,
+                    exit_code=code,
+                    reason=str(pst.get("reason") or term_reason),
+                    run=int(run) if run is not None and str(run).isdigit() else None,
+                    leaving=_leaving(p, tainted) if role == naming.ROLE_WORKER else "",
+                    busy=busy,
+                )
+            )
         return views
 
     @staticmethod
@@ -199,15 +203,17 @@ class JobReconciler:
                 spec, error = parse_scaler(s["kind"], s), None
             except InvalidSpec as exc:
                 spec, error = None, str(exc)
-            views.append(ScalerView(
-                kind=s["kind"],
-                name=s["metadata"]["name"],
-                created=s["metadata"].get("creationTimestamp", ""),
-                spec=spec,
-                error=error,
-                status=copy.deepcopy(s.get("status") or {}),
-                owned=is_controlled_by(s, uid),
-            ))
+            views.append(
+                ScalerView(
+                    kind=s["kind"],
+                    name=s["metadata"]["name"],
+                    created=s["metadata"].get("creationTimestamp", ""),
+                    spec=spec,
+                    error=error,
+                    status=copy.deepcopy(s.get("status") or {}),
+                    owned=is_controlled_by(s, uid),
+                )
+            )
         return views
 
     # -- the pass ------------------------------------------------------------------------
@@ -233,7 +239,8 @@ class JobReconciler:
                 scalers=self.scaler_views(obs),
                 now=self.clock(),
                 published=config.hosts_of((obs.configmap or {}).get("data"))
-                if obs.configmap else None,
+                if obs.configmap
+                else None,
             )
             plan = plan_job(inp)
             try:
@@ -257,23 +264,36 @@ class JobReconciler:
             if secret is None:
                 problems.append(f"SSH Secret {spec.ssh_secret} named by the annotation is missing")
             elif ssh.missing_keys(secret):
-                problems.append(f"SSH Secret {spec.ssh_secret} lacks {', '.join(ssh.missing_keys(secret))}")
+                problems.append(
+                    f"SSH Secret {spec.ssh_secret} lacks {', '.join(ssh.missing_keys(secret))}"
+                )
         else:
             existing = self.kube.get("Secret", spec.namespace, naming.secret_name(spec.name))
             if existing is None:
-                problems += self.ensure(obs, ssh.ssh_secret(
-                    spec.name, spec.namespace, owner, ssh.generate_keypair(f"etoperator-{spec.name}")))
+                problems += self.ensure(
+                    obs,
+                    ssh.ssh_secret(
+                        spec.name,
+                        spec.namespace,
+                        owner,
+                        ssh.generate_keypair(f"etoperator-{spec.name}"),
+                    ),
+                )
             elif not is_controlled_by(existing, spec.uid):
                 problems.append(f"Secret {spec.name} exists and is not owned by this job")
         if obs.configmap is None:
-            problems += self.ensure(obs, config.config_map(
-                spec.name, spec.namespace, owner, [], spec.slots_per_worker))
+            problems += self.ensure(
+                obs, config.config_map(spec.name, spec.namespace, owner, [], spec.slots_per_worker)
+            )
         elif not is_controlled_by(obs.configmap, spec.uid):
-            problems.append(f"ConfigMap {naming.config_map_name(spec.name)} exists and is not "
-                            "owned by this job")
+            problems.append(
+                f"ConfigMap {naming.config_map_name(spec.name)} exists and is not owned by this job"
+            )
         account = pods.launcher_service_account(spec, spec.launcher.template)
-        wanted = [rbac.launcher_role(spec.name, spec.namespace, owner),
-                  rbac.launcher_binding(spec.name, spec.namespace, owner, account)]
+        wanted = [
+            rbac.launcher_role(spec.name, spec.namespace, owner),
+            rbac.launcher_binding(spec.name, spec.namespace, owner, account),
+        ]
         if account == naming.launcher_sa_name(spec.name):
             wanted.insert(0, rbac.launcher_account(spec.name, spec.namespace, owner))
         for obj in wanted:
@@ -301,17 +321,24 @@ class JobReconciler:
         status = obs.job.get("status") or {}
         conds = status.get("conditions") or []
         if problems:
-            new, changed = st.set_condition(conds, "Blocked", "True", "ChildConflict",
-                                            "; ".join(problems), self.now())
+            new, changed = st.set_condition(
+                conds, "Blocked", "True", "ChildConflict", "; ".join(problems), self.now()
+            )
         elif st.is_true(conds, "Blocked"):
-            new, changed = st.set_condition(conds, "Blocked", "False", "Resolved",
-                                            "nothing blocks the job", self.now())
+            new, changed = st.set_condition(
+                conds, "Blocked", "False", "Resolved", "nothing blocks the job", self.now()
+            )
         else:
             return
         if not changed:
             return
-        self.kube.patch(naming.JOB_KIND, obs.job["metadata"]["namespace"],
-                        obs.job["metadata"]["name"], {"status": {"conditions": new}}, sub="status")
+        self.kube.patch(
+            naming.JOB_KIND,
+            obs.job["metadata"]["namespace"],
+            obs.job["metadata"]["name"],
+            {"status": {"conditions": new}},
+            sub="status",
+        )
         obs.job.setdefault("status", {})["conditions"] = new
         if problems:
             self.kube.event(obs.job, "Warning", "ChildConflict", "; ".join(problems), self.clock())
@@ -330,35 +357,61 @@ class JobReconciler:
         owner = Owner(naming.JOB_KIND, name, job["metadata"]["uid"])
         for key in plan.adopt_scalers:
             s = scalers[key]
-            refs = [r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")]
-            scalers[key] = self.kube.patch(key[0], ns, key[1], {"metadata": {
-                "ownerReferences": [*refs, owner.reference()],
-                "resourceVersion": s["metadata"]["resourceVersion"],
-            }})
+            refs = [
+                r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")
+            ]
+            scalers[key] = self.kube.patch(
+                key[0],
+                ns,
+                key[1],
+                {
+                    "metadata": {
+                        "ownerReferences": [*refs, owner.reference()],
+                        "resourceVersion": s["metadata"]["resourceVersion"],
+                    }
+                },
+            )
         # 1. spec replicas after a finished scale.
         if plan.spec_replicas is not None:
-            patched = self.kube.patch(naming.JOB_KIND, ns, name, {
-                "metadata": {"resourceVersion": rv},
-                "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
-            })
+            patched = self.kube.patch(
+                naming.JOB_KIND,
+                ns,
+                name,
+                {
+                    "metadata": {"resourceVersion": rv},
+                    "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
+                },
+            )
             rv = patched["metadata"]["resourceVersion"]
         # 2. scaler statuses (frozen plans first).
         for key, new in plan.scaler_status.items():
             s = scalers[key]
-            self.kube.patch(key[0], ns, key[1], {
-                "metadata": {"resourceVersion": s["metadata"]["resourceVersion"]},
-                "status": _merge_patch(s.get("status") or {}, new),
-            }, sub="status")
+            self.kube.patch(
+                key[0],
+                ns,
+                key[1],
+                {
+                    "metadata": {"resourceVersion": s["metadata"]["resourceVersion"]},
+                    "status": _merge_patch(s.get("status") or {}, new),
+                },
+                sub="status",
+            )
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
         # 3. job status.
         old_status = job.get("status") or {}
         if plan.status != old_status:
-            self.kube.patch(naming.JOB_KIND, ns, name, {
-                "metadata": {"resourceVersion": rv},
-                "status": _merge_patch(old_status, plan.status),
-            }, sub="status")
+            self.kube.patch(
+                naming.JOB_KIND,
+                ns,
+                name,
+                {
+                    "metadata": {"resourceVersion": rv},
+                    "status": _merge_patch(old_status, plan.status),
+                },
+                sub="status",
+            )
         for ev in plan.events:
             log.info("%s %s/%s: %s", ev.reason, ns, name, ev.message)
             self.kube.event(job, ev.type, ev.reason, ev.message, self.clock())
@@ -392,39 +445,52 @@ class JobReconciler:
         has_config = self._secret_has_config(spec, secret)
         problems: list[str] = []
         existing_services = {s["metadata"]["name"]: s for s in obs.services}
-        for svc in plan.services:
-            if svc not in existing_services:
-                index = naming.worker_index(name, svc)
-                if index is not None:
-                    problems += self.ensure(obs, pods.worker_service(spec, owner, index))
+        for svc_name in plan.services:
+            if svc_name not in existing_services:
+                windex = naming.worker_index(name, svc_name)
+                if windex is not None:
+                    problems += self.ensure(obs, pods.worker_service(spec, owner, windex))
         for svc_name, svc in existing_services.items():
             if svc_name not in plan.services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
         for index in plan.create_workers:
             problems += self.ensure(obs, pods.worker_pod(spec, owner, index, secret, has_config))
         if plan.create_launcher:
-            launcher = pods.launcher_pod(spec, owner, secret, has_config,
-                                         pods.launcher_service_account(spec, spec.launcher.template))
+            launcher = pods.launcher_pod(
+                spec,
+                owner,
+                secret,
+                has_config,
+                pods.launcher_service_account(spec, spec.launcher.template),
+            )
             run = str(plan.status.get("restartCount", 0))
             launcher["metadata"].setdefault("annotations", {})[ANN_RUN] = run
             problems += self.ensure(obs, launcher)
-        for new in plan.create_scalers:
+        for wanted in plan.create_scalers:
             body = {
                 "apiVersion": naming.API_VERSION,
-                "kind": new["kind"],
+                "kind": wanted["kind"],
                 "metadata": {
-                    "name": new["name"], "namespace": ns,
+                    "name": wanted["name"],
+                    "namespace": ns,
                     "labels": naming.job_labels(name),
-                    "annotations": {naming.ANN_SCALE_GENERATION: new["name"].rsplit("-", 1)[-1]},
+                    "annotations": {
+                        naming.ANN_SCALE_GENERATION: str(wanted["name"].rsplit("-", 1)[-1])
+                    },
                     "ownerReferences": [owner.reference()],
                 },
-                "spec": new["spec"],
+                "spec": wanted["spec"],
             }
             try:
                 self.kube.create(body)
-                self.kube.event(obs.job, "Normal", "ReplicasChanged",
-                                f"replicas set to {spec.worker.replicas}: created "
-                                f"{new['kind']} {new['name']}", self.clock())
+                self.kube.event(
+                    obs.job,
+                    "Normal",
+                    "ReplicasChanged",
+                    f"replicas set to {spec.worker.replicas}: created "
+                    f"{wanted['kind']} {wanted['name']}",
+                    self.clock(),
+                )
             except AlreadyExists:
                 pass
         if problems:
@@ -450,28 +516,45 @@ class JobReconciler:
         except InvalidSpec as exc:
             spec, error = None, str(exc)
         view = ScalerView(
-            kind=kind, name=name, created=body["metadata"].get("creationTimestamp", ""),
-            spec=spec, error=error, status=body.get("status") or {},
+            kind=kind,
+            name=name,
+            created=body["metadata"].get("creationTimestamp", ""),
+            spec=spec,
+            error=error,
+            status=body.get("status") or {},
             owned=any(r.get("controller") for r in body["metadata"].get("ownerReferences") or []),
         )
         if spec is None and view.phase not in st.SCALE_TERMINAL:
             new: dict[str, Any] | None = {
-                **view.status, "phase": st.SCALE_FAILED,
-                "conditions": st.set_condition(view.status.get("conditions") or [],
-                                               st.SCALE_FAILED, "True", "InvalidSpec",
-                                               error or "invalid", self.now())[0],
+                **view.status,
+                "phase": st.SCALE_FAILED,
+                "conditions": st.set_condition(
+                    view.status.get("conditions") or [],
+                    st.SCALE_FAILED,
+                    "True",
+                    "InvalidSpec",
+                    error or "invalid",
+                    self.now(),
+                )[0],
             }
             self.kube.event(body, "Warning", "InvalidSpec", error or "invalid spec", self.clock())
         else:
             new = plan_orphan_scaler(view, job is not None, self.clock())
             if new is not None and new.get("phase") == st.SCALE_FAILED:
-                self.kube.event(body, "Warning", "JobDeleted",
-                                f"job {job_name} was deleted", self.clock())
+                self.kube.event(
+                    body, "Warning", "JobDeleted", f"job {job_name} was deleted", self.clock()
+                )
         if new is not None:
-            self.kube.patch(kind, namespace, name, {
-                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-                "status": _merge_patch(view.status, new),
-            }, sub="status")
+            self.kube.patch(
+                kind,
+                namespace,
+                name,
+                {
+                    "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                    "status": _merge_patch(view.status, new),
+                },
+                sub="status",
+            )
 
 
 def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ class PatchError(Exception):
 
 # -- label selectors --------------------------------------------------------------------------
 
+
 def _split_top(text: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in text:
@@ -94,6 +95,7 @@ def field_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
 
 # -- patches ----------------------------------------------------------------------------------
 
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386."""
     if not isinstance(patch, dict):
@@ -118,9 +120,13 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
             continue
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, list) and isinstance(out.get(key), list) and value and all(
-            isinstance(x, dict) and "name" in x for x in value
-        ) and all(isinstance(x, dict) and "name" in x for x in out[key]):
+        elif (
+            isinstance(value, list)
+            and isinstance(out.get(key), list)
+            and value
+            and all(isinstance(x, dict) and "name" in x for x in value)
+            and all(isinstance(x, dict) and "name" in x for x in out[key])
+        ):
             merged = {x["name"]: x for x in out[key]}
             order = [x["name"] for x in out[key]]
             for item in value:

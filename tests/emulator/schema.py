@@ -36,9 +36,11 @@ def apply_defaults(obj: Any, schema: Schema) -> Any:
 def prune(obj: Any, schema: Schema, root: bool = False) -> Any:
     if isinstance(obj, dict) and schema.get("type") == "object":
         props = schema.get("properties") or {}
-        keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or isinstance(
-            schema.get("additionalProperties"), dict
-        ) or schema.get("additionalProperties") is True
+        keep_unknown = (
+            schema.get("x-kubernetes-preserve-unknown-fields")
+            or isinstance(schema.get("additionalProperties"), dict)
+            or schema.get("additionalProperties") is True
+        )
         out = {}
         for key, value in obj.items():
             if root and key in ("apiVersion", "kind", "metadata"):
@@ -90,6 +92,7 @@ def validate(obj: Any, schema: Schema) -> list[str]:
 
 # -- CEL subset -----------------------------------------------------------------------------
 
+
 class _View:
     """`self` in a CEL rule: attribute access on a dict."""
 
@@ -112,7 +115,9 @@ def _has(view: _View, dotted: str) -> bool:
     return True
 
 
-_TOKEN = re.compile(r"\s*(has\(self\.[\w.]+\)|size\(|self(?:\.\w+)*|\d+|&&|\|\||!=|==|<=|>=|<|>|!|\(|\)|'[^']*')")
+_TOKEN = re.compile(
+    r"\s*(has\(self\.[\w.]+\)|size\(|self(?:\.\w+)*|\d+|&&|\|\||!=|==|<=|>=|<|>|!|\(|\)|'[^']*')"
+)
 
 
 def _translate(rule: str) -> str:
@@ -155,7 +160,9 @@ def _cel(obj: Any, schema: Schema, path: str) -> list[str]:
         except KeyError as exc:
             ok, rule = False, {**rule, "message": f"no such key: {exc}"}
         if not ok:
-            problems.append(f"{path or '<root>'}: Invalid value: {rule.get('message') or rule['rule']}")
+            problems.append(
+                f"{path or '<root>'}: Invalid value: {rule.get('message') or rule['rule']}"
+            )
     if isinstance(obj, dict):
         for key, sub in (schema.get("properties") or {}).items():
             if key in obj:

@@ -70,28 +70,51 @@ class Resource:
 
     def discovery(self) -> list[dict[str, Any]]:
         verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-        out = [{
-            "name": self.plural, "singularName": self.singular or self.kind.lower(),
-            "namespaced": self.namespaced, "kind": self.kind, "verbs": verbs,
-            "shortNames": self.short_names, "categories": self.categories,
-        }]
+        out = [
+            {
+                "name": self.plural,
+                "singularName": self.singular or self.kind.lower(),
+                "namespaced": self.namespaced,
+                "kind": self.kind,
+                "verbs": verbs,
+                "shortNames": self.short_names,
+                "categories": self.categories,
+            }
+        ]
         if self.status_sub:
-            out.append({"name": f"{self.plural}/status", "singularName": "", "namespaced":
-                        self.namespaced, "kind": self.kind, "verbs": ["get", "patch", "update"]})
+            out.append(
+                {
+                    "name": f"{self.plural}/status",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "kind": self.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         if self.scale:
-            out.append({"name": f"{self.plural}/scale", "singularName": "", "namespaced":
-                        self.namespaced, "group": "autoscaling", "version": "v1",
-                        "kind": "Scale", "verbs": ["get", "patch", "update"]})
+            out.append(
+                {
+                    "name": f"{self.plural}/scale",
+                    "singularName": "",
+                    "namespaced": self.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
         return out
 
 
 BUILTIN = [
-    Resource("", "v1", "namespaces", "Namespace", namespaced=False, short_names=["ns"],
-             status_sub=True),
+    Resource(
+        "", "v1", "namespaces", "Namespace", namespaced=False, short_names=["ns"], status_sub=True
+    ),
     Resource("", "v1", "nodes", "Node", namespaced=False, short_names=["no"], status_sub=True),
     Resource("", "v1", "pods", "Pod", short_names=["po"], status_sub=True, categories=["all"]),
-    Resource("", "v1", "services", "Service", short_names=["svc"], status_sub=True,
-             categories=["all"]),
+    Resource(
+        "", "v1", "services", "Service", short_names=["svc"], status_sub=True, categories=["all"]
+    ),
     Resource("", "v1", "configmaps", "ConfigMap", short_names=["cm"]),
     Resource("", "v1", "secrets", "Secret"),
     Resource("", "v1", "serviceaccounts", "ServiceAccount", short_names=["sa"]),
@@ -100,26 +123,45 @@ BUILTIN = [
     Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
-    Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
-             namespaced=False),
+    Resource(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
     Resource("events.k8s.io", "v1", "events", "Event", short_names=["ev"]),
-    Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions",
-             "CustomResourceDefinition", namespaced=False, short_names=["crd", "crds"],
-             status_sub=True),
+    Resource(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+        short_names=["crd", "crds"],
+        status_sub=True,
+    ),
 ]
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str,
-                 details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.code, self.reason, self.message, self.details = code, reason, message, details or {}
 
     def status(self) -> dict[str, Any]:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "details": self.details,
-                "code": self.code}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "details": self.details,
+            "code": self.code,
+        }
 
 
 def _age(ts: str | None) -> str:
@@ -173,8 +215,11 @@ class Store:
         for res in BUILTIN:
             self.add_resource(res)
         for ns in ("default", "kube-system"):
-            self.create(self.resources[("", "namespaces")], None,
-                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            self.create(
+                self.resources[("", "namespaces")],
+                None,
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+            )
 
     # -- resources ---------------------------------------------------------------------------
 
@@ -189,21 +234,32 @@ class Store:
             if not version.get("served", True):
                 continue
             subs = version.get("subresources") or {}
-            self.add_resource(Resource(
-                group=spec["group"], version=version["name"], plural=names["plural"],
-                kind=names["kind"], namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-                short_names=names.get("shortNames") or [], singular=names.get("singular", ""),
-                status_sub="status" in subs, scale=subs.get("scale"),
-                schema=(version.get("schema") or {}).get("openAPIV3Schema"),
-                columns=version.get("additionalPrinterColumns") or [],
-                categories=names.get("categories") or [],
-            ))
+            self.add_resource(
+                Resource(
+                    group=spec["group"],
+                    version=version["name"],
+                    plural=names["plural"],
+                    kind=names["kind"],
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                    short_names=names.get("shortNames") or [],
+                    singular=names.get("singular", ""),
+                    status_sub="status" in subs,
+                    scale=subs.get("scale"),
+                    schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+                    columns=version.get("additionalPrinterColumns") or [],
+                    categories=names.get("categories") or [],
+                )
+            )
 
     def find(self, group: str, version: str, plural: str) -> Resource:
         res = self.resources.get((group, plural))
         if res is None or res.version != version:
-            raise ApiError(404, "NotFound", f"the server could not find the requested resource "
-                           f"({group or 'core'}/{version} {plural})")
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource "
+                f"({group or 'core'}/{version} {plural})",
+            )
         return res
 
     def next_rv(self) -> int:
@@ -212,8 +268,9 @@ class Store:
 
     # -- events to watchers -----------------------------------------------------------------
 
-    def notify(self, res: Resource, etype: str, obj: dict[str, Any],
-               old: dict[str, Any] | None = None) -> None:
+    def notify(
+        self, res: Resource, etype: str, obj: dict[str, Any], old: dict[str, Any] | None = None
+    ) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
         snap = copy.deepcopy(obj)
         self.history.append((rv, res.key, etype, snap))
@@ -236,20 +293,27 @@ class Store:
     def get(self, res: Resource, ns: str | None, name: str) -> dict[str, Any]:
         obj = self.objects[res.key].get((ns or "", name))
         if obj is None:
-            raise ApiError(404, "NotFound", f'{res.plural}{"." + res.group if res.group else ""} '
-                           f'"{name}" not found', {"name": name, "kind": res.plural})
+            raise ApiError(
+                404,
+                "NotFound",
+                f'{res.plural}{"." + res.group if res.group else ""} "{name}" not found',
+                {"name": name, "kind": res.plural},
+            )
         return obj
 
     def list(self, res: Resource, ns: str | None, labels: Any, fields: Any) -> list[dict[str, Any]]:
         items = [
-            o for (ons, _), o in sorted(self.objects[res.key].items())
+            o
+            for (ons, _), o in sorted(self.objects[res.key].items())
             if (not ns or ons == ns) and labels(o["metadata"].get("labels") or {}) and fields(o)
         ]
         return items
 
     # -- writes -------------------------------------------------------------------------------
 
-    def _admit(self, res: Resource, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    def _admit(
+        self, res: Resource, obj: dict[str, Any], old: dict[str, Any] | None
+    ) -> dict[str, Any]:
         """Schema defaults, pruning and validation for custom resources."""
         if res.schema is not None:
             obj = schema.prune(obj, res.schema, root=True)
@@ -258,11 +322,20 @@ class Store:
             problems = schema.validate(body, res.schema)
             if problems:
                 name = obj["metadata"].get("name", "")
-                raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{name}" is invalid: '
-                               + "; ".join(problems),
-                               {"name": name, "group": res.group, "kind": res.kind,
-                                "causes": [{"field": p.split(": ", 1)[0],
-                                            "message": p.split(": ", 1)[-1]} for p in problems]})
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{res.kind}.{res.group} "{name}" is invalid: ' + "; ".join(problems),
+                    {
+                        "name": name,
+                        "group": res.group,
+                        "kind": res.kind,
+                        "causes": [
+                            {"field": p.split(": ", 1)[0], "message": p.split(": ", 1)[-1]}
+                            for p in problems
+                        ],
+                    },
+                )
         if res.kind == "CustomResourceDefinition":
             self.add_crd(obj)
         if res.kind == "Secret" and "stringData" in obj:
@@ -287,15 +360,21 @@ class Store:
             meta.pop("namespace", None)
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise ApiError(422, "Invalid", "metadata.name: Required value: name or "
-                               "generateName is required")
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name or generateName is required",
+                )
             suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
             meta["name"] = meta["generateName"] + suffix
         key = (meta.get("namespace", ""), meta["name"])
         if key in self.objects[res.key]:
-            raise ApiError(409, "AlreadyExists",
-                           f'{res.plural} "{meta["name"]}" already exists',
-                           {"name": meta["name"], "kind": res.plural})
+            raise ApiError(
+                409,
+                "AlreadyExists",
+                f'{res.plural} "{meta["name"]}" already exists',
+                {"name": meta["name"], "kind": res.plural},
+            )
         obj["apiVersion"], obj["kind"] = res.api_version, res.kind
         if res.status_sub and res.kind not in ("Namespace", "Node", "CustomResourceDefinition"):
             obj.pop("status", None)
@@ -315,16 +394,21 @@ class Store:
         self.notify(res, "ADDED", obj)
         return obj
 
-    def replace(self, res: Resource, ns: str | None, name: str, new: dict[str, Any],
-                sub: str | None = None) -> dict[str, Any]:
+    def replace(
+        self, res: Resource, ns: str | None, name: str, new: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
         old = self.get(res, ns, name)
         new = copy.deepcopy(new)
         meta = new.setdefault("metadata", {})
         rv = meta.get("resourceVersion")
         if rv and rv != old["metadata"]["resourceVersion"]:
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} '
-                           f'"{name}": the object has been modified; please apply your changes '
-                           "to the latest version and try again")
+            raise ApiError(
+                409,
+                "Conflict",
+                f"Operation cannot be fulfilled on {res.plural} "
+                f'"{name}": the object has been modified; please apply your changes '
+                "to the latest version and try again",
+            )
         if sub == "status":
             merged = copy.deepcopy(old)
             merged["status"] = new.get("status")
@@ -337,16 +421,24 @@ class Store:
             else:
                 new.pop("status", None)
         # Immutable bookkeeping stays the server's.
-        for k in ("uid", "creationTimestamp", "namespace", "name", "deletionTimestamp",
-                  "deletionGracePeriodSeconds", "generation"):
+        for k in (
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "name",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ):
             if k in old["metadata"]:
                 new["metadata"][k] = old["metadata"][k]
             else:
                 new["metadata"].pop(k, None)
         new["apiVersion"], new["kind"] = res.api_version, res.kind
         new = self._admit(res, new, old)
-        spec_of = lambda o: {k: v for k, v in o.items()  # noqa: E731
-                             if k not in ("metadata", "status", "apiVersion", "kind")}
+        spec_of = lambda o: {
+            k: v for k, v in o.items() if k not in ("metadata", "status", "apiVersion", "kind")
+        }
         if spec_of(new) != spec_of(old):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
@@ -361,8 +453,15 @@ class Store:
         self.notify(res, "MODIFIED", new, old)
         return new
 
-    def patch(self, res: Resource, ns: str | None, name: str, ctype: str, body: Any,
-              sub: str | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        res: Resource,
+        ns: str | None,
+        name: str,
+        ctype: str,
+        body: Any,
+        sub: str | None = None,
+    ) -> dict[str, Any]:
         old = self.get(res, ns, name)
         if sub == "scale":
             return self.patch_scale(res, ns, name, ctype, body)
@@ -371,8 +470,11 @@ class Store:
                 new = ops.json_patch(old, body)
             elif "strategic-merge" in ctype:
                 if res.schema is not None:
-                    raise ApiError(415, "UnsupportedMediaType",
-                                   "strategic merge patch is not supported for custom resources")
+                    raise ApiError(
+                        415,
+                        "UnsupportedMediaType",
+                        "strategic merge patch is not supported for custom resources",
+                    )
                 new = ops.strategic_merge_patch(old, body)
             elif "merge-patch" in ctype:
                 new = ops.merge_patch(old, body)
@@ -391,27 +493,37 @@ class Store:
         assert res.scale is not None
         meta = obj["metadata"]
         return {
-            "kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {"name": meta["name"], "namespace": meta.get("namespace"),
-                         "uid": meta["uid"], "resourceVersion": meta["resourceVersion"],
-                         "creationTimestamp": meta["creationTimestamp"]},
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta["uid"],
+                "resourceVersion": meta["resourceVersion"],
+                "creationTimestamp": meta["creationTimestamp"],
+            },
             "spec": {"replicas": _jsonpath(obj, res.scale["specReplicasPath"]) or 0},
-            "status": {"replicas": _jsonpath(obj, res.scale["statusReplicasPath"]) or 0,
-                       "selector": _jsonpath(obj, res.scale.get("labelSelectorPath", "")) or ""},
+            "status": {
+                "replicas": _jsonpath(obj, res.scale["statusReplicasPath"]) or 0,
+                "selector": _jsonpath(obj, res.scale.get("labelSelectorPath", "")) or "",
+            },
         }
 
-    def patch_scale(self, res: Resource, ns: str | None, name: str, ctype: str,
-                    body: Any) -> dict[str, Any]:
+    def patch_scale(
+        self, res: Resource, ns: str | None, name: str, ctype: str, body: Any
+    ) -> dict[str, Any]:
         if res.scale is None:
             raise ApiError(404, "NotFound", f"{res.plural} has no scale subresource")
         obj = self.get(res, ns, name)
         scale = self.scale_of(res, obj)
-        new_scale = ops.json_patch(scale, body) if "json-patch" in ctype else ops.merge_patch(
-            scale, body)
+        new_scale = (
+            ops.json_patch(scale, body) if "json-patch" in ctype else ops.merge_patch(scale, body)
+        )
         return self.put_scale(res, ns, name, new_scale)
 
-    def put_scale(self, res: Resource, ns: str | None, name: str,
-                  scale: dict[str, Any]) -> dict[str, Any]:
+    def put_scale(
+        self, res: Resource, ns: str | None, name: str, scale: dict[str, Any]
+    ) -> dict[str, Any]:
         assert res.scale is not None
         obj = copy.deepcopy(self.get(res, ns, name))
         rv = (scale.get("metadata") or {}).get("resourceVersion")
@@ -427,20 +539,31 @@ class Store:
         new = self.replace(res, ns, name, obj)
         return self.scale_of(res, new)
 
-    def delete(self, res: Resource, ns: str | None, name: str, options: dict[str, Any],
-               ) -> dict[str, Any]:
+    def delete(
+        self,
+        res: Resource,
+        ns: str | None,
+        name: str,
+        options: dict[str, Any],
+    ) -> dict[str, Any]:
         obj = self.get(res, ns, name)
         pre = options.get("preconditions") or {}
         if pre.get("uid") and pre["uid"] != obj["metadata"]["uid"]:
-            raise ApiError(409, "Conflict", "Precondition failed: UID in precondition does not "
-                           "match the object")
-        if pre.get("resourceVersion") and pre["resourceVersion"] != obj["metadata"][
-                "resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                "Precondition failed: UID in precondition does not match the object",
+            )
+        if (
+            pre.get("resourceVersion")
+            and pre["resourceVersion"] != obj["metadata"]["resourceVersion"]
+        ):
             raise ApiError(409, "Conflict", "Precondition failed: resourceVersion mismatch")
         key = (obj["metadata"].get("namespace", ""), name)
         grace = options.get("gracePeriodSeconds")
         graceful = (
-            res.kind == "Pod" and (obj.get("spec") or {}).get("nodeName")
+            res.kind == "Pod"
+            and (obj.get("spec") or {}).get("nodeName")
             and (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             and grace != 0
         )
@@ -451,8 +574,11 @@ class Store:
                 new = copy.deepcopy(obj)
                 new["metadata"]["deletionTimestamp"] = now_iso()
                 if graceful:
-                    period = grace if grace is not None else obj["spec"].get(
-                        "terminationGracePeriodSeconds", 30)
+                    period = (
+                        grace
+                        if grace is not None
+                        else obj["spec"].get("terminationGracePeriodSeconds", 30)
+                    )
                     new["metadata"]["deletionGracePeriodSeconds"] = period
                 new["metadata"]["resourceVersion"] = str(self.next_rv())
                 if res.kind == "Namespace":
@@ -493,7 +619,9 @@ class Store:
                 refs = o["metadata"].get("ownerReferences") or []
                 if any(r.get("uid") == owner_uid for r in refs):
                     new = copy.deepcopy(o)
-                    new["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != owner_uid]
+                    new["metadata"]["ownerReferences"] = [
+                        r for r in refs if r.get("uid") != owner_uid
+                    ]
                     new["metadata"]["resourceVersion"] = str(self.next_rv())
                     objs[key] = new
                     self.notify(self.resources[res_key], "MODIFIED", new, o)
@@ -503,7 +631,7 @@ class Store:
             res = self.resources[res_key]
             if not res.namespaced:
                 continue
-            for (ons, oname) in list(objs):
+            for ons, oname in list(objs):
                 if ons == ns:
                     try:
                         self.delete(res, ns, oname, {"gracePeriodSeconds": 0})
@@ -516,8 +644,9 @@ class Store:
 class Emulator:
     """Runs the API emulator on a loopback port in a background thread."""
 
-    def __init__(self, crd_dir: Path | None = None, host: str = "127.0.0.1",
-                 bookmark_interval: float = 5.0) -> None:
+    def __init__(
+        self, crd_dir: Path | None = None, host: str = "127.0.0.1", bookmark_interval: float = 5.0
+    ) -> None:
         self.store = Store()
         self.host = host
         self.port = 0
@@ -532,13 +661,19 @@ class Emulator:
             for path in sorted(crd_dir.glob("*.yaml")):
                 for doc in yaml.safe_load_all(path.read_text()):
                     if doc:
-                        self.store.create(self.store.resources[("apiextensions.k8s.io",
-                                          "customresourcedefinitions")], None, doc)
+                        self.store.create(
+                            self.store.resources[
+                                ("apiextensions.k8s.io", "customresourcedefinitions")
+                            ],
+                            None,
+                            doc,
+                        )
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self, tls_dir: Path) -> str:
         from tests.emulator.tls import make_cert
+
         self.tls_dir = tls_dir
         self.cert, self.key, self.ca = make_cert(tls_dir, self.host)
         self.thread.start()
@@ -574,6 +709,7 @@ class Emulator:
                 w.queue.put_nowait(None)
             if self._runner is not None:
                 await self._runner.cleanup()
+
         fut = asyncio.run_coroutine_threadsafe(_stop(), self.loop)
         try:
             fut.result(10)
@@ -583,19 +719,31 @@ class Emulator:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Run `fn(*args)` on the emulator's loop (the store is not thread-safe)."""
+
         async def _do() -> Any:
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(_do(), self.loop).result(10)
 
     def kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         assert self.ca is not None
         cfg = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {
-                "server": self.url, "certificate-authority": str(self.ca)}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "clusters": [
+                {
+                    "name": "emulator",
+                    "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
+                }
+            ],
             "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
-            "contexts": [{"name": "emulator", "context": {
-                "cluster": "emulator", "user": "tester", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "emulator",
+                    "context": {"cluster": "emulator", "user": "tester", "namespace": namespace},
+                }
+            ],
         }
         path.write_text(yaml.safe_dump(cfg))
         return path
@@ -616,13 +764,20 @@ class Emulator:
     async def _route(self, request: web.Request) -> web.StreamResponse:
         parts = [p for p in request.path.split("/") if p]
         if parts == ["version"]:
-            return web.json_response({"major": "1", "minor": "32", "gitVersion": "v1.32.0-emulator",
-                                      "platform": "linux/amd64"})
+            return web.json_response(
+                {
+                    "major": "1",
+                    "minor": "32",
+                    "gitVersion": "v1.32.0-emulator",
+                    "platform": "linux/amd64",
+                }
+            )
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return web.Response(text="ok")
         if parts == ["api"]:
-            return web.json_response({"kind": "APIVersions", "versions": ["v1"],
-                                      "serverAddressByClientCIDRs": []})
+            return web.json_response(
+                {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+            )
         if parts == ["apis"]:
             return web.json_response(self._groups())
         if parts and parts[0] in ("openapi", "swagger.json"):
@@ -643,8 +798,11 @@ class Emulator:
         res = self.store.find(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
-        if sub not in (None, "status", "scale") or (sub == "status" and not res.status_sub) or (
-                sub == "scale" and not res.scale):
+        if (
+            sub not in (None, "status", "scale")
+            or (sub == "status" and not res.status_sub)
+            or (sub == "scale" and not res.scale)
+        ):
             raise ApiError(404, "NotFound", f"no subresource {sub} on {res.plural}")
         return await self._verb(request, res, ns, name, sub)
 
@@ -655,25 +813,40 @@ class Emulator:
                 groups.setdefault(res.group, [])
                 if res.version not in groups[res.group]:
                     groups[res.group].append(res.version)
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            self._group(g) for g in sorted(groups)]}
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [self._group(g) for g in sorted(groups)],
+        }
 
     def _group(self, group: str) -> dict[str, Any]:
         versions = sorted({r.version for r in self.store.resources.values() if r.group == group})
         if not versions:
             raise ApiError(404, "NotFound", f"no group {group}")
         vs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": vs,
-                "preferredVersion": vs[0]}
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": vs,
+            "preferredVersion": vs[0],
+        }
 
     def _resource_list(self, group: str, version: str) -> dict[str, Any]:
-        resources = [d for r in self.store.resources.values()
-                     if r.group == group and r.version == version for d in r.discovery()]
+        resources = [
+            d
+            for r in self.store.resources.values()
+            if r.group == group and r.version == version
+            for d in r.discovery()
+        ]
         if not resources:
             raise ApiError(404, "NotFound", f"no group version {group}/{version}")
-        return {"kind": "APIResourceList", "apiVersion": "v1",
-                "groupVersion": f"{group}/{version}" if group else version,
-                "resources": resources}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
 
     async def _body(self, request: web.Request) -> Any:
         raw = await request.read()
@@ -683,8 +856,9 @@ class Emulator:
             return yaml.safe_load(raw)
         return json.loads(raw)
 
-    async def _verb(self, request: web.Request, res: Resource, ns: str | None, name: str | None,
-                    sub: str | None) -> web.StreamResponse:
+    async def _verb(
+        self, request: web.Request, res: Resource, ns: str | None, name: str | None, sub: str | None
+    ) -> web.StreamResponse:
         q = request.query
         method = request.method
         store = self.store
@@ -696,9 +870,14 @@ class Emulator:
             items = store.list(res, ns, labels, fields)
             if self._wants_table(request):
                 return web.json_response(self._table(res, items))
-            return web.json_response({
-                "kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(store.rv)}, "items": items})
+            return web.json_response(
+                {
+                    "kind": f"{res.kind}List",
+                    "apiVersion": res.api_version,
+                    "metadata": {"resourceVersion": str(store.rv)},
+                    "items": items,
+                }
+            )
         if method == "GET" and name is not None:
             if q.get("watch") in ("1", "true"):
                 fields = ops.field_matcher(f"metadata.name={name}")
@@ -743,15 +922,21 @@ class Emulator:
             items = store.list(res, ns, labels, fields)
             for o in items:
                 store.delete(res, o["metadata"].get("namespace"), o["metadata"]["name"], body)
-            return web.json_response({"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                                      "metadata": {"resourceVersion": str(store.rv)},
-                                      "items": items})
+            return web.json_response(
+                {
+                    "kind": f"{res.kind}List",
+                    "apiVersion": res.api_version,
+                    "metadata": {"resourceVersion": str(store.rv)},
+                    "items": items,
+                }
+            )
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
 
     # -- watch --------------------------------------------------------------------------------
 
-    async def _watch(self, request: web.Request, res: Resource, ns: str | None, labels: Any,
-                     fields: Any) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, res: Resource, ns: str | None, labels: Any, fields: Any
+    ) -> web.StreamResponse:
         q = request.query
         store = self.store
         timeout = float(q.get("timeoutSeconds") or 1800)
@@ -765,19 +950,23 @@ class Emulator:
             if since_rv < oldest - 1 and since_rv < store.rv:
                 resp = web.StreamResponse(headers={"Content-Type": "application/json"})
                 await resp.prepare(request)
-                gone = ApiError(410, "Expired", f"too old resource version: {since_rv} "
-                                f"({oldest})").status()
+                gone = ApiError(
+                    410, "Expired", f"too old resource version: {since_rv} ({oldest})"
+                ).status()
                 await resp.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
                 return resp
             for rv, key, etype, obj in store.history:
                 if rv > since_rv and key == res.key and watcher.matches(obj):
                     backlog.append((rv, etype, obj))
         else:
-            backlog = [(int(o["metadata"]["resourceVersion"]), "ADDED", copy.deepcopy(o))
-                       for o in store.list(res, ns, labels, fields)]
+            backlog = [
+                (int(o["metadata"]["resourceVersion"]), "ADDED", copy.deepcopy(o))
+                for o in store.list(res, ns, labels, fields)
+            ]
         store.watchers.append(watcher)
-        resp = web.StreamResponse(headers={"Content-Type": "application/json",
-                                           "Transfer-Encoding": "chunked"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
+        )
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -789,13 +978,19 @@ class Emulator:
                 if left <= 0:
                     break
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(),
-                                                  min(left, self.bookmark_interval))
+                    item = await asyncio.wait_for(
+                        watcher.queue.get(), min(left, self.bookmark_interval)
+                    )
                 except TimeoutError:
                     if bookmarks:
-                        mark = {"type": "BOOKMARK", "object": {
-                            "kind": res.kind, "apiVersion": res.api_version,
-                            "metadata": {"resourceVersion": str(store.rv)}}}
+                        mark = {
+                            "type": "BOOKMARK",
+                            "object": {
+                                "kind": res.kind,
+                                "apiVersion": res.api_version,
+                                "metadata": {"resourceVersion": str(store.rv)},
+                            },
+                        }
                         await resp.write(json.dumps(mark).encode() + b"\n")
                     continue
                 if item is None:
@@ -816,35 +1011,66 @@ class Emulator:
         return "as=Table" in request.headers.get("Accept", "")
 
     def _table(self, res: Resource, items: Iterable[dict[str, Any]]) -> dict[str, Any]:
-        cols: list[dict[str, Any]] = [{"name": "Name", "type": "string", "format": "name",
-                                       "description": "Name", "priority": 0}]
+        cols: list[dict[str, Any]] = [
+            {
+                "name": "Name",
+                "type": "string",
+                "format": "name",
+                "description": "Name",
+                "priority": 0,
+            }
+        ]
         getters: list[Any] = [lambda o: o["metadata"]["name"]]
         if res.columns:
             for c in res.columns:
-                cols.append({"name": c["name"], "type": c.get("type", "string"), "format": "",
-                             "description": c.get("description", ""),
-                             "priority": c.get("priority", 0)})
+                cols.append(
+                    {
+                        "name": c["name"],
+                        "type": c.get("type", "string"),
+                        "format": "",
+                        "description": c.get("description", ""),
+                        "priority": c.get("priority", 0),
+                    }
+                )
                 if c.get("type") == "date":
                     getters.append(lambda o, p=c["jsonPath"]: _age(_jsonpath(o, p)))
                 else:
                     getters.append(lambda o, p=c["jsonPath"]: _jsonpath(o, p))
         else:
             if res.kind == "Pod":
-                cols += [{"name": "Ready", "type": "string"}, {"name": "Status", "type": "string"},
-                         {"name": "Restarts", "type": "integer"}, {"name": "IP", "type": "string",
-                                                                   "priority": 1}]
+                cols += [
+                    {"name": "Ready", "type": "string"},
+                    {"name": "Status", "type": "string"},
+                    {"name": "Restarts", "type": "integer"},
+                    {"name": "IP", "type": "string", "priority": 1},
+                ]
                 getters += [
                     lambda o: "1/1" if (o.get("status") or {}).get("phase") == "Running" else "0/1",
-                    lambda o: "Terminating" if o["metadata"].get("deletionTimestamp")
-                    else (o.get("status") or {}).get("phase"),
+                    lambda o: (
+                        "Terminating"
+                        if o["metadata"].get("deletionTimestamp")
+                        else (o.get("status") or {}).get("phase")
+                    ),
                     lambda o: 0,
                     lambda o: (o.get("status") or {}).get("podIP", "<none>"),
                 ]
             cols.append({"name": "Age", "type": "string", "format": ""})
             getters.append(lambda o: _age(o["metadata"].get("creationTimestamp")))
-        rows = [{"cells": [g(o) for g in getters], "object": {
-            "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-            "metadata": o["metadata"]}} for o in items]
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1",
-                "metadata": {"resourceVersion": str(self.store.rv)},
-                "columnDefinitions": cols, "rows": rows}
+        rows = [
+            {
+                "cells": [g(o) for g in getters],
+                "object": {
+                    "kind": "PartialObjectMetadata",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": o["metadata"],
+                },
+            }
+            for o in items
+        ]
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "columnDefinitions": cols,
+            "rows": rows,
+        }

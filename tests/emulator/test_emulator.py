@@ -29,12 +29,19 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Emulator, ku
     e.stop()
 
 
-def raw(e: Emulator, method: str, path: str, body: Any = None, ctype: str = "application/json",
-        accept: str = "application/json") -> tuple[int, Any]:
+def raw(
+    e: Emulator,
+    method: str,
+    path: str,
+    body: Any = None,
+    ctype: str = "application/json",
+    accept: str = "application/json",
+) -> tuple[int, Any]:
     ctx = ssl.create_default_context(cafile=str(e.ca))
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(e.url + path, data=data, method=method,
-                                 headers={"Content-Type": ctype, "Accept": accept})
+    req = urllib.request.Request(
+        e.url + path, data=data, method=method, headers={"Content-Type": ctype, "Accept": accept}
+    )
     try:
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -43,9 +50,12 @@ def raw(e: Emulator, method: str, path: str, body: Any = None, ctype: str = "app
 
 
 def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
-            "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default", "labels": labels or {}},
+        "data": data,
+    }
 
 
 def test_discovery(emu) -> None:
@@ -67,8 +77,12 @@ def test_metadata_and_conflicts(emu) -> None:
     stale = meta["resourceVersion"]
     api.patch("ConfigMap", "default", "c1", {"data": {"a": "2"}})
     with pytest.raises(kube.Conflict):
-        api.patch("ConfigMap", "default", "c1",
-                  {"metadata": {"resourceVersion": stale}, "data": {"a": "3"}})
+        api.patch(
+            "ConfigMap",
+            "default",
+            "c1",
+            {"metadata": {"resourceVersion": stale}, "data": {"a": "3"}},
+        )
     with pytest.raises(kube.AlreadyExists):
         api.create(cm("c1"))
     gen = api.create({**cm(""), "metadata": {"generateName": "gen-", "namespace": "default"}})
@@ -78,25 +92,46 @@ def test_metadata_and_conflicts(emu) -> None:
 def test_json_patch_test_failure_is_422(emu) -> None:
     e, api, _ = emu
     api.create(cm("c2", a="1"))
-    code, body = raw(e, "PATCH", "/api/v1/namespaces/default/configmaps/c2",
-                     [{"op": "test", "path": "/data/a", "value": "nope"},
-                      {"op": "replace", "path": "/data/a", "value": "x"}],
-                     ctype="application/json-patch+json")
+    code, body = raw(
+        e,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/c2",
+        [
+            {"op": "test", "path": "/data/a", "value": "nope"},
+            {"op": "replace", "path": "/data/a", "value": "x"},
+        ],
+        ctype="application/json-patch+json",
+    )
     assert code == 422 and "test operation failed" in body["message"]
-    code, _ = raw(e, "PATCH", "/api/v1/namespaces/default/configmaps/c2",
-                  [{"op": "test", "path": "/data/a", "value": "1"},
-                   {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]}],
-                  ctype="application/json-patch+json")
+    code, _ = raw(
+        e,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/c2",
+        [
+            {"op": "test", "path": "/data/a", "value": "1"},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["x/y"]},
+        ],
+        ctype="application/json-patch+json",
+    )
     assert code == 200
 
 
 def test_strategic_merge_by_name(emu) -> None:
     e, api, _ = emu
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1", "namespace": "default"},
-           "spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p1", "namespace": "default"},
+        "spec": {"containers": [{"name": "a", "image": "1"}, {"name": "b", "image": "1"}]},
+    }
     api.create(pod)
-    out = api.patch("Pod", "default", "p1", {"spec": {"containers": [{"name": "b", "image": "2"}]}},
-                    content_type="application/strategic-merge-patch+json")
+    out = api.patch(
+        "Pod",
+        "default",
+        "p1",
+        {"spec": {"containers": [{"name": "b", "image": "2"}]}},
+        content_type="application/strategic-merge-patch+json",
+    )
     assert [(c["name"], c["image"]) for c in out["spec"]["containers"]] == [("a", "1"), ("b", "2")]
 
 
@@ -105,13 +140,16 @@ def test_selectors(emu) -> None:
     api.create(cm("s1", {"app": "x", "tier": "a"}))
     api.create(cm("s2", {"app": "x", "tier": "b"}))
     api.create(cm("s3", {"app": "y"}))
-    names = lambda sel: sorted(o["metadata"]["name"] for o in api.list("ConfigMap", "default", sel))  # noqa: E731
+    names = lambda sel: sorted(o["metadata"]["name"] for o in api.list("ConfigMap", "default", sel))
     assert names("app=x") == ["s1", "s2"]
     assert names("app=x,tier!=a") == ["s2"]
     assert names("tier in (a,b)") == ["s1", "s2"]
     assert names("app,!tier") == ["s3"]
-    ev = api._call("GET", "/api/v1/namespaces/default/configmaps",
-                   query=[("fieldSelector", "metadata.name=s3")])
+    ev = api._call(
+        "GET",
+        "/api/v1/namespaces/default/configmaps",
+        query=[("fieldSelector", "metadata.name=s3")],
+    )
     assert [o["metadata"]["name"] for o in ev["items"]] == ["s3"]
 
 
@@ -126,8 +164,9 @@ def test_status_subresource_and_schema(emu) -> None:
     assert "unknownField" not in obj["spec"]  # pruned
     assert obj["spec"]["backoffLimit"] == 6  # defaulted
     api.patch("TrainingJob", "default", "sj", {"status": {"phase": "Running"}}, sub="status")
-    out = api.patch("TrainingJob", "default", "sj", {"status": {"phase": "X"}, "spec": {
-        "backoffLimit": 2}})
+    out = api.patch(
+        "TrainingJob", "default", "sj", {"status": {"phase": "X"}, "spec": {"backoffLimit": 2}}
+    )
     assert out["status"]["phase"] == "Running" and out["spec"]["backoffLimit"] == 2
     assert out["metadata"]["generation"] == 2
     with pytest.raises(kube.ApiError) as err:
@@ -140,15 +179,21 @@ def test_scale_subresource(emu) -> None:
     body = job("sc", maxReplicas=5)
     body["metadata"]["namespace"] = "default"
     api.create(body)
-    code, scale = raw(e, "GET", "/apis/kai.alibabacloud.com/v1alpha1/namespaces/default/"
-                      "trainingjobs/sc/scale")
+    code, scale = raw(
+        e, "GET", "/apis/kai.alibabacloud.com/v1alpha1/namespaces/default/trainingjobs/sc/scale"
+    )
     assert code == 200 and scale["spec"]["replicas"] == 2
-    code, _ = raw(e, "PATCH", "/apis/kai.alibabacloud.com/v1alpha1/namespaces/default/"
-                  "trainingjobs/sc/scale", {"spec": {"replicas": 4}},
-                  ctype="application/merge-patch+json")
+    code, _ = raw(
+        e,
+        "PATCH",
+        "/apis/kai.alibabacloud.com/v1alpha1/namespaces/default/trainingjobs/sc/scale",
+        {"spec": {"replicas": 4}},
+        ctype="application/merge-patch+json",
+    )
     assert code == 200
-    assert api.get("TrainingJob", "default", "sc")["spec"]["etReplicaSpecs"]["worker"][
-        "replicas"] == 4
+    assert (
+        api.get("TrainingJob", "default", "sc")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
+    )
 
 
 def watch_lines(e: Emulator, path: str, stop_after: int) -> list[dict[str, Any]]:
@@ -169,24 +214,47 @@ def test_watch_resume_bookmarks_and_timeout(emu) -> None:
     api.patch("ConfigMap", "default", "w1", {"data": {"x": "1"}})
     api.create(cm("w2", {"w": "1"}))
     api.create(cm("w3", {"other": "1"}))
-    events = watch_lines(e, f"/api/v1/namespaces/default/configmaps?watch=1&labelSelector=w%3D1"
-                            f"&resourceVersion={rv}&timeoutSeconds=2", 2)
+    events = watch_lines(
+        e,
+        f"/api/v1/namespaces/default/configmaps?watch=1&labelSelector=w%3D1"
+        f"&resourceVersion={rv}&timeoutSeconds=2",
+        2,
+    )
     assert [(ev["type"], ev["object"]["metadata"]["name"]) for ev in events] == [
-        ("MODIFIED", "w1"), ("ADDED", "w2")]
-    marks = watch_lines(e, "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=none%3D1"
-                           "&allowWatchBookmarks=true&timeoutSeconds=2", 1)
+        ("MODIFIED", "w1"),
+        ("ADDED", "w2"),
+    ]
+    marks = watch_lines(
+        e,
+        "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=none%3D1"
+        "&allowWatchBookmarks=true&timeoutSeconds=2",
+        1,
+    )
     assert marks[0]["type"] == "BOOKMARK" and marks[0]["object"]["metadata"]["resourceVersion"]
     # timeoutSeconds ends the stream.
-    assert watch_lines(e, "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=none%3D1"
-                          "&timeoutSeconds=1", 5) == []
+    assert (
+        watch_lines(
+            e,
+            "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=none%3D1&timeoutSeconds=1",
+            5,
+        )
+        == []
+    )
 
 
 def test_live_watch_sees_changes(emu) -> None:
     e, api, _ = emu
     got: list[dict[str, Any]] = []
-    t = threading.Thread(target=lambda: got.extend(watch_lines(
-        e, "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=live%3D1"
-           "&timeoutSeconds=5", 2)))
+    t = threading.Thread(
+        target=lambda: got.extend(
+            watch_lines(
+                e,
+                "/api/v1/namespaces/default/configmaps?watch=1&labelSelector=live%3D1"
+                "&timeoutSeconds=5",
+                2,
+            )
+        )
+    )
     t.start()
     wait_for(lambda: any(w.res.plural == "configmaps" for w in e.store.watchers), 5)
     api.create(cm("l1", {"live": "1"}))
@@ -198,8 +266,13 @@ def test_live_watch_sees_changes(emu) -> None:
 def test_finalizers_and_garbage_collection(emu) -> None:
     _, api, _ = emu
     owner = api.create(cm("owner"))
-    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
-           "uid": owner["metadata"]["uid"], "controller": True}
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+    }
     child = cm("child")
     child["metadata"]["ownerReferences"] = [ref]
     api.create(child)
@@ -227,11 +300,24 @@ def test_events_and_tables_through_kubectl(emu) -> None:
     body = job("tbl")
     body["metadata"]["namespace"] = "default"
     obj = api.create(body)
-    api.patch("TrainingJob", "default", "tbl", {"status": {"phase": "Running", "replicas": 2}},
-              sub="status")
-    api.event(obj, "Warning", "Testing", "an event for describe", __import__("datetime").datetime.now())
-    run = lambda *a: subprocess.run(["kubectl", "--kubeconfig", str(kc), *a],  # noqa: E731
-                                    capture_output=True, text=True, check=True).stdout
+    api.patch(
+        "TrainingJob",
+        "default",
+        "tbl",
+        {"status": {"phase": "Running", "replicas": 2}},
+        sub="status",
+    )
+    api.event(
+        obj, "Warning", "Testing", "an event for describe", __import__("datetime").datetime.now()
+    )
+    run = lambda *a: (
+        subprocess.run(
+            ["kubectl", "--kubeconfig", str(kc), *a],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     table = run("get", "tj", "tbl")
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "WORKERS", "TARGET", "AGE"]

@@ -16,10 +16,24 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
             worker[key] = spec.pop(key)
     if "workerRestartPolicy" in spec:
         worker["restartPolicy"] = spec.pop("workerRestartPolicy")
-    launcher: dict[str, Any] = {"template": {"spec": {"containers": [{
-        "name": "launcher", "image": "trainer:test",
-        "command": ["sh", "-c", "horovodrun -np 2 --host-discovery-script "
-                    "/etc/edl/discover_hosts.sh python train.py"]}]}}}
+    launcher: dict[str, Any] = {
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "launcher",
+                        "image": "trainer:test",
+                        "command": [
+                            "sh",
+                            "-c",
+                            "horovodrun -np 2 --host-discovery-script "
+                            "/etc/edl/discover_hosts.sh python train.py",
+                        ],
+                    }
+                ]
+            }
+        }
+    }
     if "launcherRestartPolicy" in spec:
         launcher["restartPolicy"] = spec.pop("launcherRestartPolicy")
     annotations = spec.pop("annotations", None)
@@ -38,12 +52,21 @@ def scaleout(name: str, job_name: str, count: int, timeout: int | None = None) -
     spec: dict[str, Any] = {"selector": {"name": job_name}, "toAdd": {"count": count}}
     if timeout is not None:
         spec["timeout"] = timeout
-    return {"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleOut",
-            "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "kai.alibabacloud.com/v1alpha1",
+        "kind": "ScaleOut",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
-def scalein(name: str, job_name: str, count: int | None = None,
-            pod_names: list[str] | None = None, timeout: int | None = None) -> dict[str, Any]:
+def scalein(
+    name: str,
+    job_name: str,
+    count: int | None = None,
+    pod_names: list[str] | None = None,
+    timeout: int | None = None,
+) -> dict[str, Any]:
     to_delete: dict[str, Any] = {}
     if count is not None:
         to_delete["count"] = count
@@ -52,5 +75,9 @@ def scalein(name: str, job_name: str, count: int | None = None,
     spec: dict[str, Any] = {"selector": {"name": job_name}, "toDelete": to_delete}
     if timeout is not None:
         spec["timeout"] = timeout
-    return {"apiVersion": "kai.alibabacloud.com/v1alpha1", "kind": "ScaleIn",
-            "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "kai.alibabacloud.com/v1alpha1",
+        "kind": "ScaleIn",
+        "metadata": {"name": name},
+        "spec": spec,
+    }

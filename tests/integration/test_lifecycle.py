@@ -18,8 +18,11 @@ def running(cluster: Cluster, ns: str, name: str, workers: int = 2) -> None:
 def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
     cluster.create(job("happy"), ns)
     # Children appear; the launcher only once both workers answer SSH with the job's key.
-    wait_for(lambda: cluster.pods(ns, "happy", "worker") == ["happy-worker-0", "happy-worker-1"],
-             20, "two workers")
+    wait_for(
+        lambda: cluster.pods(ns, "happy", "worker") == ["happy-worker-0", "happy-worker-1"],
+        20,
+        "two workers",
+    )
     wait_for(lambda: cluster.pods(ns, "happy", "launcher"), 20, "the launcher")
     assert cluster.hosts(ns, "happy") == ["happy-worker-0", "happy-worker-1"]
     ready = cluster.condition(ns, "happy", "WorkersReady")
@@ -28,10 +31,15 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
     st = cluster.status(ns, "happy")
     assert st["currentWorkers"] == ["happy-worker-0", "happy-worker-1"]
     assert st["targetWorkers"] == ["happy-worker-0", "happy-worker-1"]
-    for kind, obj in (("Secret", "happy"), ("ConfigMap", "happy-config"),
-                      ("Service", "happy-worker-0"), ("Service", "happy-worker-1"),
-                      ("ServiceAccount", "happy-launcher"), ("Role", "happy-launcher"),
-                      ("RoleBinding", "happy-launcher")):
+    for kind, obj in (
+        ("Secret", "happy"),
+        ("ConfigMap", "happy-config"),
+        ("Service", "happy-worker-0"),
+        ("Service", "happy-worker-1"),
+        ("ServiceAccount", "happy-launcher"),
+        ("Role", "happy-launcher"),
+        ("RoleBinding", "happy-launcher"),
+    ):
         got = cluster.api.get(kind, ns, obj)
         assert got is not None, f"{kind} {obj} missing"
         refs = got["metadata"]["ownerReferences"]
@@ -51,15 +59,24 @@ def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: cluster.pods(ns, "gate", "worker") == ["gate-worker-0", "gate-worker-1"])
     wait_for(lambda: cluster.api.get("Pod", ns, "gate-worker-0")["status"]["phase"] == "Running")
     # Give the operator passes to (wrongly) start the launcher; none may appear.
-    wait_for(lambda: cluster.status(ns, "gate").get("replicaStatuses", {}).get("Worker", {})
-             .get("active") == 2, 10, "status counts both workers")
+    wait_for(
+        lambda: (
+            cluster.status(ns, "gate").get("replicaStatuses", {}).get("Worker", {}).get("active")
+            == 2
+        ),
+        10,
+        "status counts both workers",
+    )
     assert cluster.pods(ns, "gate", "launcher") == []
     assert cluster.hosts(ns, "gate") == []
     assert cluster.phase(ns, "gate") == "Created"
     # Running but with sshd refusing (its process killed): still not ready.
     cluster.kubelet.held.discard((ns, "gate-worker-1"))
-    cluster.kubelet.emulator.call(lambda: cluster.kubelet._on(
-        cluster.emulator.store.objects[("", "pods")][(ns, "gate-worker-1")], "MODIFIED"))
+    cluster.kubelet.emulator.call(
+        lambda: cluster.kubelet._on(
+            cluster.emulator.store.objects[("", "pods")][(ns, "gate-worker-1")], "MODIFIED"
+        )
+    )
     running(cluster, ns, "gate")
 
 
@@ -67,8 +84,11 @@ def test_worker_failure_never_policy_leaves_host_list(cluster: Cluster, ns: str)
     cluster.create(job("wf", replicas=3), ns)
     running(cluster, ns, "wf", 3)
     cluster.kubelet.finish(ns, "wf-worker-1", 137, reason="OOMKilled")
-    wait_for(lambda: cluster.hosts(ns, "wf") == ["wf-worker-0", "wf-worker-2"], 10,
-             "worker-1 out of the host list")
+    wait_for(
+        lambda: cluster.hosts(ns, "wf") == ["wf-worker-0", "wf-worker-2"],
+        10,
+        "worker-1 out of the host list",
+    )
     # The failed pod is cleaned up, not replaced (restartPolicy Never), the job runs on.
     wait_for(lambda: cluster.pods(ns, "wf", "worker") == ["wf-worker-0", "wf-worker-2"], 10)
     wait_for(lambda: cluster.api.get("Service", ns, "wf-worker-1") is None, 10, "service gone")
@@ -82,8 +102,11 @@ def test_worker_failure_replaced_under_new_index(cluster: Cluster, ns: str) -> N
     cluster.create(job("wr", replicas=2, workerRestartPolicy="OnFailure"), ns)
     running(cluster, ns, "wr")
     cluster.api.delete("Pod", ns, "wr-worker-0")  # evicted / deleted
-    wait_for(lambda: cluster.hosts(ns, "wr") == ["wr-worker-1", "wr-worker-2"], 15,
-             "replacement wr-worker-2 in the host list")
+    wait_for(
+        lambda: cluster.hosts(ns, "wr") == ["wr-worker-1", "wr-worker-2"],
+        15,
+        "replacement wr-worker-2 in the host list",
+    )
     assert cluster.pods(ns, "wr", "worker") == ["wr-worker-1", "wr-worker-2"]
     reasons = cluster.event_reasons(ns, "wr")
     assert "WorkerLost" in reasons and "WorkerReplaced" in reasons
@@ -108,8 +131,14 @@ def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
     cluster.kubelet.finish(ns, "rs-launcher", 2)
     # A fresh run: new indices, a host list rebuilt from scratch, restartCount 1.
     wait_for(lambda: cluster.status(ns, "rs").get("restartCount") == 1, 10, "restartCount 1")
-    wait_for(lambda: cluster.phase(ns, "rs") == "Running"
-             and cluster.hosts(ns, "rs") == ["rs-worker-2", "rs-worker-3"], 20, "second run")
+    wait_for(
+        lambda: (
+            cluster.phase(ns, "rs") == "Running"
+            and cluster.hosts(ns, "rs") == ["rs-worker-2", "rs-worker-3"]
+        ),
+        20,
+        "second run",
+    )
     assert cluster.pods(ns, "rs", "worker") == ["rs-worker-2", "rs-worker-3"]
     launcher = cluster.api.get("Pod", ns, "rs-launcher")
     assert launcher and launcher["status"]["phase"] == "Running"
@@ -121,11 +150,14 @@ def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
     assert cluster.status(ns, "rs")["restartCount"] == 1
 
 
-@pytest.mark.parametrize("policy,left", [
-    ("All", []),
-    ("Running", ["cp-launcher"]),
-    ("None", ["cp-launcher", "cp-worker-0", "cp-worker-1"]),
-])
+@pytest.mark.parametrize(
+    "policy,left",
+    [
+        ("All", []),
+        ("Running", ["cp-launcher"]),
+        ("None", ["cp-launcher", "cp-worker-0", "cp-worker-1"]),
+    ],
+)
 def test_clean_pod_policy(cluster: Cluster, ns: str, policy: str, left: list[str]) -> None:
     cluster.create(job("cp", cleanPodPolicy=policy), ns)
     running(cluster, ns, "cp")
@@ -150,8 +182,14 @@ def test_launcher_deleted_is_recreated_with_always(cluster: Cluster, ns: str) ->
     running(cluster, ns, "la")
     uid = cluster.api.get("Pod", ns, "la-launcher")["metadata"]["uid"]
     cluster.api.delete("Pod", ns, "la-launcher")
-    wait_for(lambda: (cluster.api.get("Pod", ns, "la-launcher") or {}).get("metadata", {})
-             .get("uid") not in (None, uid), 10, "a new launcher")
+    wait_for(
+        lambda: (
+            (cluster.api.get("Pod", ns, "la-launcher") or {}).get("metadata", {}).get("uid")
+            not in (None, uid)
+        ),
+        10,
+        "a new launcher",
+    )
     wait_for(lambda: cluster.api.get("Pod", ns, "la-launcher")["status"]["phase"] == "Running")
     assert cluster.phase(ns, "la") == "Running"
     assert "LauncherRecreated" in cluster.event_reasons(ns, "la")

@@ -19,22 +19,41 @@ pytestmark = pytest.mark.integration
 
 
 def kubectl_create(cluster: Cluster, ns: str, manifest: dict) -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl("create", "--validate=false", "-n", ns, "-f", "-",
-                           input=yaml.safe_dump(manifest), check=False)
+    return cluster.kubectl(
+        "create",
+        "--validate=false",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump(manifest),
+        check=False,
+    )
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=3),
-     "minReplicas must not exceed replicas"),
-    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1),
-     "replicas must not exceed maxReplicas"),
-    (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(replicas=0), "minimum"),
-    (lambda j: j["spec"].update(cleanPodPolicy="Sometimes"), "cleanPodPolicy"),
-    (lambda j: j["spec"].update(backoffLimit=-1), "backoffLimit"),
-    (lambda j: j["spec"]["etReplicaSpecs"].pop("launcher"), "launcher"),
-    (lambda j: j["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"].update(containers=[]),
-     "containers"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (
+            lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=3),
+            "minReplicas must not exceed replicas",
+        ),
+        (
+            lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1),
+            "replicas must not exceed maxReplicas",
+        ),
+        (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(replicas=0), "minimum"),
+        (lambda j: j["spec"].update(cleanPodPolicy="Sometimes"), "cleanPodPolicy"),
+        (lambda j: j["spec"].update(backoffLimit=-1), "backoffLimit"),
+        (lambda j: j["spec"]["etReplicaSpecs"].pop("launcher"), "launcher"),
+        (
+            lambda j: j["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"].update(
+                containers=[]
+            ),
+            "containers",
+        ),
+    ],
+)
 def test_schema_rejects(cluster: Cluster, ns: str, mutate, needle: str) -> None:
     manifest = job("bad")
     mutate(manifest)
@@ -70,18 +89,27 @@ def test_name_too_long_fails_with_condition_and_event(cluster: Cluster, ns: str)
 
 
 def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
-    cluster.api.create({"apiVersion": "v1", "kind": "ConfigMap",
-                        "metadata": {"name": "taken-config", "namespace": ns},
-                        "data": {"hostfile": "someone-else:1\n"}})
+    cluster.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "taken-config", "namespace": ns},
+            "data": {"hostfile": "someone-else:1\n"},
+        }
+    )
     cluster.create(job("taken"), ns)
-    wait_for(lambda: (cluster.condition(ns, "taken", "Blocked") or {}).get("status") == "True",
-             10, "Blocked condition")
+    wait_for(
+        lambda: (cluster.condition(ns, "taken", "Blocked") or {}).get("status") == "True",
+        10,
+        "Blocked condition",
+    )
     cond = cluster.condition(ns, "taken", "Blocked")
     assert cond and "ConfigMap taken-config exists and is not owned" in cond["message"]
     assert "ChildConflict" in cluster.event_reasons(ns, "taken")
     cm = cluster.api.get("ConfigMap", ns, "taken-config")
     assert cm["data"] == {"hostfile": "someone-else:1\n"} and not cm["metadata"].get(
-        "ownerReferences")
+        "ownerReferences"
+    )
     assert cluster.pods(ns, "taken") == []
     # Once the foreign object is gone, the job proceeds.
     cluster.api.delete("ConfigMap", ns, "taken-config")
@@ -91,11 +119,16 @@ def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
 
 def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
     from etoperator.builders import ssh
+
     keys = ssh.generate_keypair()
-    cluster.api.create({"apiVersion": "v1", "kind": "Secret",
-                        "metadata": {"name": "my-keys", "namespace": ns},
-                        "stringData": {"id_rsa": keys.private_openssh,
-                                       "id_rsa.pub": keys.public_openssh}})
+    cluster.api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "my-keys", "namespace": ns},
+            "stringData": {"id_rsa": keys.private_openssh, "id_rsa.pub": keys.public_openssh},
+        }
+    )
     cluster.create(job("own", annotations={"arena.kubeflow.org/ssh-secret": "my-keys"}), ns)
     running(cluster, ns, "own")
     assert cluster.api.get("Secret", ns, "own") is None  # none generated
@@ -122,22 +155,28 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     cluster.create(job("rst", replicas=2), ns)
     wait_for(lambda: len(cluster.pods(ns, "rst", "worker")) == 2, 10)
     cluster.operator.kill()
-    uids = {p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
-            for p in cluster.pods(ns, "rst", "worker")}
+    uids = {
+        p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
+        for p in cluster.pods(ns, "rst", "worker")
+    }
     cluster.kubelet.held.discard((ns, "rst-worker-1"))
     store = cluster.emulator.store
-    cluster.emulator.call(lambda: cluster.kubelet._on(
-        store.objects[("", "pods")][(ns, "rst-worker-1")], "MODIFIED"))
+    cluster.emulator.call(
+        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "rst-worker-1")], "MODIFIED")
+    )
     cluster.operator.start()
     running(cluster, ns, "rst")
     # The same two workers, never re-created; one launcher.
-    assert {p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
-            for p in cluster.pods(ns, "rst", "worker")} == uids
+    assert {
+        p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
+        for p in cluster.pods(ns, "rst", "worker")
+    } == uids
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
 
 def test_discovery_script_sees_changes_within_two_seconds(
-        cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
     """The real discover_hosts.sh from the ConfigMap, run as the launcher would run it."""
     cluster.create(job("disc", replicas=3), ns)
     running(cluster, ns, "disc", 3)
@@ -150,9 +189,13 @@ def test_discovery_script_sees_changes_within_two_seconds(
     sa.mkdir()
     (sa / "token").write_text("launcher-token")
     (sa / "ca.crt").write_bytes(Path(cluster.emulator.ca).read_bytes())
-    env = {**os.environ, "KUBERNETES_SERVICE_HOST": cluster.emulator.host,
-           "KUBERNETES_SERVICE_PORT": str(cluster.emulator.port),
-           "ETOPERATOR_SA_DIR": str(sa), "TMPDIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "KUBERNETES_SERVICE_HOST": cluster.emulator.host,
+        "KUBERNETES_SERVICE_PORT": str(cluster.emulator.port),
+        "ETOPERATOR_SA_DIR": str(sa),
+        "TMPDIR": str(tmp_path),
+    }
 
     def discover() -> list[str]:
         out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=10)
@@ -162,8 +205,12 @@ def test_discovery_script_sees_changes_within_two_seconds(
     assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
     t0 = time.monotonic()
     cluster.kubelet.finish(ns, "disc-worker-1", 1)
-    wait_for(lambda: discover() == ["disc-worker-0", "disc-worker-2"], 2.0,
-             "the discovery script to drop disc-worker-1", interval=0.05)
+    wait_for(
+        lambda: discover() == ["disc-worker-0", "disc-worker-2"],
+        2.0,
+        "the discovery script to drop disc-worker-1",
+        interval=0.05,
+    )
     print(f"host-list change reached discover_hosts.sh in {time.monotonic() - t0:.2f}s")
     # API server unreachable: the last list it read, never an empty or stale-mounted one.
     env["KUBERNETES_SERVICE_PORT"] = "1"

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 SO, SI = "ScaleOut", "ScaleIn"
 
 
-def settled(cluster: Cluster, ns: str, kind: str, name: str, phase: str,
-            timeout: float = 20) -> dict:
+def settled(
+    cluster: Cluster, ns: str, kind: str, name: str, phase: str, timeout: float = 20
+) -> dict:
     wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
     return cluster.status(ns, name, kind)
 
@@ -63,8 +64,11 @@ def test_scale_out_timeout_rolls_back(cluster: Cluster, ns: str) -> None:
     settled(cluster, ns, SO, "late", "ScaleFailed", 15)
     cond = cluster.condition(ns, "late", "ScaleFailed", SO)
     assert cond and "not ready within 2s" in cond["message"]
-    wait_for(lambda: cluster.pods(ns, "slow", "worker") == ["slow-worker-0", "slow-worker-1"],
-             10, "the new worker removed")
+    wait_for(
+        lambda: cluster.pods(ns, "slow", "worker") == ["slow-worker-0", "slow-worker-1"],
+        10,
+        "the new worker removed",
+    )
     assert cluster.hosts(ns, "slow") == ["slow-worker-0", "slow-worker-1"]
     assert cluster.job(ns, "slow")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2
     assert cluster.phase(ns, "slow") == "Running"
@@ -94,13 +98,23 @@ def test_scale_in_unknown_names_deletes_nothing(cluster: Cluster, ns: str) -> No
 
 
 def test_scale_in_empty_pod_names_is_rejected(cluster: Cluster, ns: str) -> None:
-    for to_delete, needle in (({"podNames": []}, "podNames"),
-                              ({}, "exactly one of count and podNames"),
-                              ({"count": 1, "podNames": ["x"]}, "exactly one")):
+    for to_delete, needle in (
+        ({"podNames": []}, "podNames"),
+        ({}, "exactly one of count and podNames"),
+        ({"count": 1, "podNames": ["x"]}, "exactly one"),
+    ):
         manifest = scalein("empty", "any")
         manifest["spec"]["toDelete"] = to_delete
-        res = cluster.kubectl("create", "--validate=false", "-n", ns, "-f", "-",
-                              input=yaml.safe_dump(manifest), check=False)
+        res = cluster.kubectl(
+            "create",
+            "--validate=false",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(manifest),
+            check=False,
+        )
         assert res.returncode != 0 and needle in res.stderr, res.stderr
 
 
@@ -115,21 +129,32 @@ def test_scale_in_below_min_is_refused(cluster: Cluster, ns: str) -> None:
 
 
 @contextmanager
-def horovod_process(cluster: Cluster, ns: str, job_name: str, on: str, hostname: str
-                    ) -> Iterator[threading.Event]:
+def horovod_process(
+    cluster: Cluster, ns: str, job_name: str, on: str, hostname: str
+) -> Iterator[threading.Event]:
     """A process started over SSH on worker `on`, as Horovod starts one, until the event is set."""
     secret = cluster.api.get("Secret", ns, job_name)
-    key = paramiko.Ed25519Key.from_private_key(io.StringIO(
-        base64.b64decode(secret["data"]["id_rsa"]).decode()))
+    key = paramiko.Ed25519Key.from_private_key(
+        io.StringIO(base64.b64decode(secret["data"]["id_rsa"]).decode())
+    )
     ip = cluster.kubelet.ip(ns, on)
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(ip, port=cluster.kubelet.ssh_port, username="root", pkey=key,
-                   allow_agent=False, look_for_keys=False)
+    client.connect(
+        ip,
+        port=cluster.kubelet.ssh_port,
+        username="root",
+        pkey=key,
+        allow_agent=False,
+        look_for_keys=False,
+    )
     marker = f"etoperator-test-{ns}-{on}"
     client.exec_command(f"HOROVOD_HOSTNAME={hostname} exec -a {marker} sleep 120")
-    wait_for(lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0,
-             5, "the remote process")
+    wait_for(
+        lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0,
+        5,
+        "the remote process",
+    )
     done = threading.Event()
     try:
         yield done
@@ -182,8 +207,9 @@ def test_scalers_run_oldest_first_one_at_a_time(cluster: Cluster, ns: str) -> No
     assert cluster.phase(ns, "b-second", SI) == ""
     cluster.kubelet.held.discard((ns, "q-worker-2"))
     store = cluster.emulator.store
-    cluster.emulator.call(lambda: cluster.kubelet._on(
-        store.objects[("", "pods")][(ns, "q-worker-2")], "MODIFIED"))
+    cluster.emulator.call(
+        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "q-worker-2")], "MODIFIED")
+    )
     settled(cluster, ns, SO, "a-first", "ScaleSucceeded")
     st = settled(cluster, ns, SI, "b-second", "ScaleSucceeded")
     # Run after the ScaleOut, the ScaleIn by count removes the newest worker.
@@ -228,13 +254,20 @@ def test_operator_killed_after_plan_frozen(cluster: Cluster, ns: str) -> None:
     running(cluster, ns, "frz")
     cluster.kubelet.held.add((ns, "frz-worker-2"))
     cluster.create(scaleout("once", "frz", 1, timeout=60), ns)
-    wait_for(lambda: cluster.status(ns, "once", SO).get("addPods") == ["frz-worker-2"]
-             and cluster.status(ns, "frz").get("currentScaler"), 10, "plan frozen")
+    wait_for(
+        lambda: (
+            cluster.status(ns, "once", SO).get("addPods") == ["frz-worker-2"]
+            and cluster.status(ns, "frz").get("currentScaler")
+        ),
+        10,
+        "plan frozen",
+    )
     cluster.operator.kill()
     cluster.kubelet.held.discard((ns, "frz-worker-2"))
     store = cluster.emulator.store
-    cluster.emulator.call(lambda: cluster.kubelet._on(
-        store.objects[("", "pods")][(ns, "frz-worker-2")], "MODIFIED"))
+    cluster.emulator.call(
+        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "frz-worker-2")], "MODIFIED")
+    )
     cluster.operator.start()
     st = settled(cluster, ns, SO, "once", "ScaleSucceeded")
     assert st["addPods"] == ["frz-worker-2"]
@@ -254,8 +287,11 @@ def test_kubectl_scale_up_and_down(cluster: Cluster, ns: str) -> None:
     cluster.create(job("ks", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "ks")
     cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "3")
-    wait_for(lambda: cluster.hosts(ns, "ks") == ["ks-worker-0", "ks-worker-1", "ks-worker-2"],
-             20, "scaled to 3")
+    wait_for(
+        lambda: cluster.hosts(ns, "ks") == ["ks-worker-0", "ks-worker-1", "ks-worker-2"],
+        20,
+        "scaled to 3",
+    )
     outs = [s for s in cluster.api.list(SO, ns) if s["metadata"]["name"].startswith("ks-")]
     assert len(outs) == 1 and outs[0]["status"]["phase"] == "ScaleSucceeded"
     cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "1")

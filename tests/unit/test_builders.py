@@ -19,7 +19,9 @@ def spec(**kw: object):
     b = job("j", **kw)
     b["metadata"].update(namespace="ns", uid="uid-1")
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {
-        "labels": {"team": "ml"}, "annotations": {"sidecar": "off"}}
+        "labels": {"team": "ml"},
+        "annotations": {"sidecar": "off"},
+    }
     return parse_job(b)
 
 
@@ -42,8 +44,13 @@ def test_worker_pod() -> None:
     assert s.worker.template == before  # input untouched
     meta = pod["metadata"]
     assert meta["name"] == "j-worker-3"
-    assert meta["labels"] == {"team": "ml", "group-name": naming.GROUP, "training-job-name": "j",
-                              "training-job-role": "worker", "replica-index": "3"}
+    assert meta["labels"] == {
+        "team": "ml",
+        "group-name": naming.GROUP,
+        "training-job-name": "j",
+        "training-job-role": "worker",
+        "replica-index": "3",
+    }
     assert meta["annotations"] == {"sidecar": "off"}
     assert is_controlled_by(pod, "uid-1")
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -62,7 +69,8 @@ def test_worker_keeps_its_own_command() -> None:
     b = job("j")
     b["metadata"].update(namespace="ns", uid="uid-1")
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
-        "/start.sh"]
+        "/start.sh"
+    ]
     pod = pods.worker_pod(parse_job(b), OWNER, 0, "j", False)
     assert pod["spec"]["containers"][0]["command"] == ["/start.sh"]
     assert s is not None
@@ -111,8 +119,14 @@ def test_discover_script_is_valid_sh_and_falls_back(tmp_path: Path) -> None:
 
 def test_rbac_names_plural_resource() -> None:
     role = rbac.launcher_role("j", "ns", OWNER)
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                              "resourceNames": ["j-config"], "verbs": ["get"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["j-config"],
+            "verbs": ["get"],
+        }
+    ]
     binding = rbac.launcher_binding("j", "ns", OWNER, "custom-sa")
     assert binding["subjects"][0]["name"] == "custom-sa"
 

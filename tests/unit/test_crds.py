@@ -14,14 +14,18 @@ from tests.emulator import schema
 from tests.harness import ROOT
 
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
-SCHEMAS = {c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-           for c in crds.all_crds().values()}
+SCHEMAS = {
+    c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for c in crds.all_crds().values()
+}
 
 
 def test_generated_files_match_the_models() -> None:
     for fname, crd in crds.all_crds().items():
         on_disk = (ROOT / "crds" / fname).read_text()
-        assert on_disk == crds.render(crd), f"crds/{fname} drifted: run python -m etoperator.api.crds"
+        assert on_disk == crds.render(crd), (
+            f"crds/{fname} drifted: run python -m etoperator.api.crds"
+        )
     assert sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) == sorted(crds.all_crds())
 
 
@@ -34,9 +38,13 @@ def test_crds_are_structural_with_status_and_columns() -> None:
         assert cols[0] == "Phase" and cols[-1] == "Age"
     job = crds.all_crds()["trainingjobs.yaml"]
     assert job["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"] == (
-        ".spec.etReplicaSpecs.worker.replicas")
+        ".spec.etReplicaSpecs.worker.replicas"
+    )
     assert [c["spec"]["names"]["shortNames"] for c in crds.all_crds().values()] == [
-        ["tj"], ["so"], ["si"]]
+        ["tj"],
+        ["so"],
+        ["si"],
+    ]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -59,7 +67,9 @@ def test_example_validates(path: Path) -> None:
 def test_pod_template_metadata_survives_pruning() -> None:
     doc = yaml.safe_load((ROOT / "examples/training_job.yaml").read_text())
     doc["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {
-        "labels": {"a": "b"}, "annotations": {"c": "d"}}
+        "labels": {"a": "b"},
+        "annotations": {"c": "d"},
+    }
     doc["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["tolerations"] = [{"key": "x"}]
     pruned = schema.prune(doc, SCHEMAS["TrainingJob"], root=True)
     tpl = pruned["spec"]["etReplicaSpecs"]["worker"]["template"]

@@ -9,19 +9,39 @@ from etoperator.api.models import InvalidSpec, parse_job, parse_scaler
 from tests.integration.jobs import job, scalein, scaleout
 
 
-@pytest.mark.parametrize("name,ok", [
-    ("a", True), ("job-1", True), ("a" * naming.MAX_JOB_NAME, True),
-    ("a" * (naming.MAX_JOB_NAME + 1), False), ("Job", False), ("-a", False), ("a-", False),
-    ("a_b", False), ("a.b", False), ("", False), ("a;rm -rf", False),
-])
+@pytest.mark.parametrize(
+    "name,ok",
+    [
+        ("a", True),
+        ("job-1", True),
+        ("a" * naming.MAX_JOB_NAME, True),
+        ("a" * (naming.MAX_JOB_NAME + 1), False),
+        ("Job", False),
+        ("-a", False),
+        ("a-", False),
+        ("a_b", False),
+        ("a.b", False),
+        ("", False),
+        ("a;rm -rf", False),
+    ],
+)
 def test_job_name_problem(name: str, ok: bool) -> None:
     assert (naming.job_name_problem(name) is None) == ok
 
 
-@pytest.mark.parametrize("pod,index", [
-    ("j-worker-0", 0), ("j-worker-10", 10), ("j-worker-1", 1), ("j-worker-01", None),
-    ("j-worker-", None), ("j-worker-1x", None), ("k-worker-1", None), ("j-launcher", None),
-])
+@pytest.mark.parametrize(
+    "pod,index",
+    [
+        ("j-worker-0", 0),
+        ("j-worker-10", 10),
+        ("j-worker-1", 1),
+        ("j-worker-01", None),
+        ("j-worker-", None),
+        ("j-worker-1x", None),
+        ("k-worker-1", None),
+        ("j-launcher", None),
+    ],
+)
 def test_worker_index(pod: str, index: int | None) -> None:
     assert naming.worker_index("j", pod) == index
 
@@ -60,19 +80,25 @@ def test_slots_default_to_gpu_limit() -> None:
     assert parse_job(b).slots_per_worker == 2
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=5), "minReplicas"),
-    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1), "maxReplicas"),
-    (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(replicas="2"), "integer"),
-    (lambda b: b["spec"]["etReplicaSpecs"].pop("worker"), "worker"),
-    (lambda b: b["spec"].update(cleanPodPolicy="Some"), "cleanPodPolicy"),
-    (lambda b: b["spec"].update(backoffLimit=-1), "backoffLimit"),
-    (lambda b: b["metadata"].update(name="x" * 60), "63-character"),
-    (lambda b: b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"].update(containers=[]),
-     "containers"),
-    (lambda b: b["metadata"].update(annotations={naming.ANN_SSH_SECRET: "Bad Name"}),
-     "Secret"),
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(minReplicas=5), "minReplicas"),
+        (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1), "maxReplicas"),
+        (lambda b: b["spec"]["etReplicaSpecs"]["worker"].update(replicas="2"), "integer"),
+        (lambda b: b["spec"]["etReplicaSpecs"].pop("worker"), "worker"),
+        (lambda b: b["spec"].update(cleanPodPolicy="Some"), "cleanPodPolicy"),
+        (lambda b: b["spec"].update(backoffLimit=-1), "backoffLimit"),
+        (lambda b: b["metadata"].update(name="x" * 60), "63-character"),
+        (
+            lambda b: b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"].update(
+                containers=[]
+            ),
+            "containers",
+        ),
+        (lambda b: b["metadata"].update(annotations={naming.ANN_SSH_SECRET: "Bad Name"}), "Secret"),
+    ],
+)
 def test_parse_job_refuses(mutate, needle: str) -> None:
     b = body()
     mutate(b)
@@ -93,15 +119,18 @@ def test_suspend_annotation() -> None:
     assert parse_job(b).suspended
 
 
-@pytest.mark.parametrize("manifest,needle", [
-    (scalein("s", "j"), "exactly one"),
-    (scalein("s", "j", count=1, pod_names=["j-worker-0"]), "exactly one"),
-    (scalein("s", "j", pod_names=[]), "at least one"),
-    (scalein("s", "j", pod_names=["j-worker-0", "j-worker-0"]), "twice"),
-    (scalein("s", "j", pod_names=["$(reboot)"]), "invalid pod name"),
-    (scaleout("s", "j", 0), "at least 1"),
-    (scaleout("s", "Bad_Job", 1), "not a valid"),
-])
+@pytest.mark.parametrize(
+    "manifest,needle",
+    [
+        (scalein("s", "j"), "exactly one"),
+        (scalein("s", "j", count=1, pod_names=["j-worker-0"]), "exactly one"),
+        (scalein("s", "j", pod_names=[]), "at least one"),
+        (scalein("s", "j", pod_names=["j-worker-0", "j-worker-0"]), "twice"),
+        (scalein("s", "j", pod_names=["$(reboot)"]), "invalid pod name"),
+        (scaleout("s", "j", 0), "at least 1"),
+        (scaleout("s", "Bad_Job", 1), "not a valid"),
+    ],
+)
 def test_parse_scaler_refuses(manifest: dict, needle: str) -> None:
     with pytest.raises(InvalidSpec, match=needle):
         parse_scaler(manifest["kind"], manifest)

@@ -7,10 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etoperator import naming
 from etoperator.api.models import parse_job, parse_scaler
 from etoperator.planning import (
-    JobInput, PodView, ScalerView, check_scale_in, plan_job, replaces, victims_by_count,
+    JobInput,
+    PodView,
+    ScalerView,
+    check_scale_in,
+    plan_job,
+    replaces,
+    victims_by_count,
 )
 from tests.integration.jobs import job, scalein, scaleout
 
@@ -28,40 +33,66 @@ def w(i: int, phase: str = "Running", ready: bool = True, **kw: object) -> PodVi
 
 
 def launcher(phase: str = "Running", run: int = 0, **kw: object) -> PodView:
-    return PodView(name="j-launcher", role="launcher", phase=phase, ready=phase == "Running",
-                   run=run, **kw)
+    return PodView(
+        name="j-launcher", role="launcher", phase=phase, ready=phase == "Running", run=run, **kw
+    )
 
 
 def running_status(members: list[int], hosts: list[int] | None = None, **extra: object) -> dict:
     hosts = members if hosts is None else hosts
     return {
-        "phase": "Running", "restartCount": 0, "runStartIndex": 0,
+        "phase": "Running",
+        "restartCount": 0,
+        "runStartIndex": 0,
         "targetWorkers": [f"j-worker-{i}" for i in members],
         "currentWorkers": [f"j-worker-{i}" for i in hosts],
-        "lastWorkerIndex": max(members), "acceptedReplicas": len(members),
-        "conditions": [{"type": "LauncherCreated", "status": "True", "reason": "x",
-                        "message": "x"}],
+        "lastWorkerIndex": max(members),
+        "acceptedReplicas": len(members),
+        "conditions": [
+            {"type": "LauncherCreated", "status": "True", "reason": "x", "message": "x"}
+        ],
         **extra,
     }
 
 
-def inp(spec, status: dict, pods: list[PodView], scalers: list[ScalerView] | None = None,
-        now: datetime = NOW, published: list[str] | None = None) -> JobInput:
-    return JobInput(name="j", namespace="ns", generation=1, spec=spec, error=None, status=status,
-                    pods=pods, scalers=scalers or [], now=now,
-                    published=published if published is not None
-                    else list(status.get("currentWorkers") or []))
+def inp(
+    spec,
+    status: dict,
+    pods: list[PodView],
+    scalers: list[ScalerView] | None = None,
+    now: datetime = NOW,
+    published: list[str] | None = None,
+) -> JobInput:
+    return JobInput(
+        name="j",
+        namespace="ns",
+        generation=1,
+        spec=spec,
+        error=None,
+        status=status,
+        pods=pods,
+        scalers=scalers or [],
+        now=now,
+        published=published if published is not None else list(status.get("currentWorkers") or []),
+    )
 
 
-def scaler(manifest: dict, status: dict | None = None, created: str = "2026-01-01T11:00:00Z"
-           ) -> ScalerView:
+def scaler(
+    manifest: dict, status: dict | None = None, created: str = "2026-01-01T11:00:00Z"
+) -> ScalerView:
     manifest["metadata"].update(namespace="ns", creationTimestamp=created)
-    return ScalerView(kind=manifest["kind"], name=manifest["metadata"]["name"], created=created,
-                      spec=parse_scaler(manifest["kind"], manifest), status=status or {},
-                      owned=True)
+    return ScalerView(
+        kind=manifest["kind"],
+        name=manifest["metadata"]["name"],
+        created=created,
+        spec=parse_scaler(manifest["kind"], manifest),
+        status=status or {},
+        owned=True,
+    )
 
 
 # -- table-driven -----------------------------------------------------------------------------
+
 
 def test_first_pass_creates_replicas_workers_and_nothing_else() -> None:
     plan = plan_job(inp(jspec(replicas=3), {}, []))
@@ -79,24 +110,28 @@ def test_launcher_only_when_all_ready() -> None:
     assert full.create_launcher and full.hosts == ["j-worker-0", "j-worker-1"]
 
 
-@pytest.mark.parametrize("policy,pod,expected", [
-    ("Always", w(0, "Succeeded", exit_code=0), True),
-    ("Never", w(0, "Failed", exit_code=1), False),
-    ("OnFailure", w(0, "Failed", exit_code=1), True),
-    ("OnFailure", w(0, "Succeeded", exit_code=0), False),
-    ("ExitCode", w(0, "Failed", exit_code=1), False),
-    ("ExitCode", w(0, "Failed", exit_code=137), True),
-    ("ExitCode", None, True),
-    ("ExitCode", w(0, deleting=True), True),
-])
+@pytest.mark.parametrize(
+    "policy,pod,expected",
+    [
+        ("Always", w(0, "Succeeded", exit_code=0), True),
+        ("Never", w(0, "Failed", exit_code=1), False),
+        ("OnFailure", w(0, "Failed", exit_code=1), True),
+        ("OnFailure", w(0, "Succeeded", exit_code=0), False),
+        ("ExitCode", w(0, "Failed", exit_code=1), False),
+        ("ExitCode", w(0, "Failed", exit_code=137), True),
+        ("ExitCode", None, True),
+        ("ExitCode", w(0, deleting=True), True),
+    ],
+)
 def test_replacement_policy(policy: str, pod: PodView | None, expected: bool) -> None:
     assert replaces(policy, pod) is expected
 
 
 def test_lost_worker_leaves_hosts_at_once_and_is_replaced() -> None:
     spec = jspec(replicas=3, workerRestartPolicy="Always")
-    plan = plan_job(inp(spec, running_status([0, 1, 2]),
-                        [w(0), w(1, "Failed", exit_code=1), w(2), launcher()]))
+    plan = plan_job(
+        inp(spec, running_status([0, 1, 2]), [w(0), w(1, "Failed", exit_code=1), w(2), launcher()])
+    )
     assert plan.hosts == ["j-worker-0", "j-worker-2"]
     assert plan.delete_pods == ["j-worker-1"] and plan.create_workers == [3]
     assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-2", "j-worker-3"]
@@ -112,24 +147,36 @@ def test_launcher_gone_fails_or_recreates() -> None:
 
 def test_restart_rebuilds_from_scratch() -> None:
     spec = jspec(restartPolicy="OnFailure", backoffLimit=2)
-    plan = plan_job(inp(spec, running_status([0, 1]),
-                        [w(0), w(1), launcher("Failed", exit_code=3)]))
+    plan = plan_job(
+        inp(spec, running_status([0, 1]), [w(0), w(1), launcher("Failed", exit_code=3)])
+    )
     assert plan.status["restartCount"] == 1 and plan.status["phase"] == "Created"
     assert plan.status["targetWorkers"] == ["j-worker-2", "j-worker-3"]
-    assert plan.hosts == [] and sorted(plan.delete_pods) == ["j-launcher", "j-worker-0",
-                                                             "j-worker-1"]
+    assert plan.hosts == [] and sorted(plan.delete_pods) == [
+        "j-launcher",
+        "j-worker-0",
+        "j-worker-1",
+    ]
     nxt = plan_job(inp(spec, plan.status, [launcher("Failed", exit_code=3, deleting=True)]))
     assert nxt.create_workers == [2, 3] and not nxt.create_launcher
 
 
-@pytest.mark.parametrize("policy,deleted", [
-    ("All", ["j-launcher", "j-worker-0", "j-worker-1"]),
-    ("Running", ["j-worker-0", "j-worker-1"]),
-    ("None", []),
-])
+@pytest.mark.parametrize(
+    "policy,deleted",
+    [
+        ("All", ["j-launcher", "j-worker-0", "j-worker-1"]),
+        ("Running", ["j-worker-0", "j-worker-1"]),
+        ("None", []),
+    ],
+)
 def test_clean_pod_policy(policy: str, deleted: list[str]) -> None:
-    plan = plan_job(inp(jspec(cleanPodPolicy=policy), running_status([0, 1]),
-                        [w(0), w(1), launcher("Succeeded", exit_code=0)]))
+    plan = plan_job(
+        inp(
+            jspec(cleanPodPolicy=policy),
+            running_status([0, 1]),
+            [w(0), w(1), launcher("Succeeded", exit_code=0)],
+        )
+    )
     assert plan.status["phase"] == "Succeeded" and sorted(plan.delete_pods) == deleted
 
 
@@ -157,8 +204,15 @@ def test_scale_out_timeout_rolls_back() -> None:
     so = scaler(scaleout("grow", "j", 1, timeout=10))
     first = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), launcher()], [so]))
     so2 = dataclasses.replace(so, status=first.scaler_status[so.key])
-    later = plan_job(inp(jspec(), first.status, [w(0), w(1), w(2, "Pending", False), launcher()],
-                         [so2], now=NOW + timedelta(seconds=11)))
+    later = plan_job(
+        inp(
+            jspec(),
+            first.status,
+            [w(0), w(1), w(2, "Pending", False), launcher()],
+            [so2],
+            now=NOW + timedelta(seconds=11),
+        )
+    )
     assert later.scaler_status[so.key]["phase"] == "ScaleFailed"
     assert later.delete_pods == ["j-worker-2"]
     assert later.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
@@ -176,20 +230,28 @@ def test_victims_by_count_takes_highest(n: int, count: int) -> None:
 def test_scale_in_never_below_min_nor_empties_hosts(n: int, count: int, minimum: int) -> None:
     spec = jspec(replicas=max(n, minimum), minReplicas=minimum)
     members = [f"j-worker-{i}" for i in range(n)]
-    victims, problem = check_scale_in(spec, members, members,
-                                      parse_scaler("ScaleIn", scalein("s", "j", count=count)))
+    victims, problem = check_scale_in(
+        spec, members, members, parse_scaler("ScaleIn", scalein("s", "j", count=count))
+    )
     if problem:
         assert victims == []
     else:
         assert n - len(victims) >= minimum and len(victims) < n
 
 
-@given(names=st.lists(st.sampled_from([f"j-worker-{i}" for i in range(12)]), min_size=1,
-                      max_size=4, unique=True))
+@given(
+    names=st.lists(
+        st.sampled_from([f"j-worker-{i}" for i in range(12)]), min_size=1, max_size=4, unique=True
+    )
+)
 def test_scale_in_by_names_all_or_nothing(names: list[str]) -> None:
     members = [f"j-worker-{i}" for i in range(8)]
-    victims, problem = check_scale_in(jspec(replicas=8), members, members,
-                                      parse_scaler("ScaleIn", scalein("s", "j", pod_names=names)))
+    victims, problem = check_scale_in(
+        jspec(replicas=8),
+        members,
+        members,
+        parse_scaler("ScaleIn", scalein("s", "j", pod_names=names)),
+    )
     if any(n not in members for n in names):
         assert problem and "nothing deleted" in problem and victims == []
     elif not problem:
@@ -215,9 +277,15 @@ def worlds(draw: st.DrawFn) -> JobInput:
         phase = draw(st.sampled_from(PHASES))
         if i in hosts and phase == "Pending":
             phase = "Running"  # a host was ready once; pods never go back to Pending
-        pods.append(w(i, phase, ready=phase == "Running" and draw(st.booleans()),
-                      exit_code=draw(st.sampled_from([None, 0, 1, 137])),
-                      deleting=draw(st.integers(0, 6)) == 0))
+        pods.append(
+            w(
+                i,
+                phase,
+                ready=phase == "Running" and draw(st.booleans()),
+                exit_code=draw(st.sampled_from([None, 0, 1, 137])),
+                deleting=draw(st.integers(0, 6)) == 0,
+            )
+        )
     pods.append(launcher(draw(st.sampled_from(["Running", "Running", "Failed", "Succeeded"]))))
     scalers = []
     if draw(st.booleans()):

@@ -10,8 +10,8 @@ import pytest
 
 from etoperator.builders import ssh
 from etoperator.sshcheck import SSHProber, busy_script, load_key
-from tests.kubelet import host_key, sshd_config
 from tests.harness import wait_for
+from tests.kubelet import host_key, sshd_config
 
 IP, PORT = "127.10.250.2", 2223
 
@@ -23,11 +23,13 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ssh.KeyPair]:
     keys = ssh.generate_keypair()
     (tmp / "authorized_keys").write_text(keys.public_openssh)
     (tmp / "cfg").write_text(sshd_config(IP, PORT, host_key(tmp), tmp / "authorized_keys"))
-    proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(tmp / "cfg")],
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(tmp / "cfg")], stderr=subprocess.DEVNULL
+    )
     try:
-        wait_for(lambda: SSHProber(port=PORT).ready(IP, load_key(keys.private_openssh)), 10,
-                 "sshd up")
+        wait_for(
+            lambda: SSHProber(port=PORT).ready(IP, load_key(keys.private_openssh)), 10, "sshd up"
+        )
         yield keys
     finally:
         proc.kill()
@@ -47,8 +49,9 @@ def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
     key = load_key(sshd.private_openssh)
     assert prober.horovod_running(IP, key, "job-worker-1") is False
     # Started over SSH, as Horovod starts its workers.
-    code, _ = prober.run(IP, key, "HOROVOD_HOSTNAME=job-worker-10 nohup sleep 60 "
-                                  ">/dev/null 2>&1 & echo started")
+    code, _ = prober.run(
+        IP, key, "HOROVOD_HOSTNAME=job-worker-10 nohup sleep 60 >/dev/null 2>&1 & echo started"
+    )
     assert code == 0
     try:
         wait_for(lambda: prober.horovod_running(IP, key, "job-worker-10"), 5, "busy")

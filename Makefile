@@ -1,0 +1,36 @@
+# etoperator: `make setup` once, then `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test lint unit integration fullchain crds bench demo cluster-test
+
+setup:
+	hack/setup.sh
+
+# The whole default suite: lint, types, and every test tier that runs on one machine.
+test: lint
+	$(PY) -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check etoperator tests bench examples
+	$(VENV)/bin/ruff format --check etoperator tests bench examples
+	$(VENV)/bin/mypy
+
+unit:
+	$(PY) -m pytest -q tests/unit tests/emulator
+
+integration:
+	$(PY) -m pytest -q tests/integration
+
+fullchain:
+	$(PY) -m pytest -q -s tests/fullchain
+
+crds:
+	$(PY) -m etoperator.api.crds crds
+
+bench:
+	$(PY) -m bench
+
+# The real-cluster tier: make cluster-test KUBECONFIG=~/.kube/config
+cluster-test:
+	$(PY) -m pytest -q -s tests/cluster --kubeconfig=$(KUBECONFIG)
