@@ -80,6 +80,7 @@ class SimKubelet:
     _ip_seq: itertools.count[int] = field(default_factory=lambda: itertools.count(0))
     _task: asyncio.Task[None] | None = None
     _started: set[str] = field(default_factory=set)  # pod uids: each is started once
+    _deleting: set[str] = field(default_factory=set)
 
     @property
     def store(self) -> Any:
@@ -128,13 +129,19 @@ class SimKubelet:
             self._kill(key)
             return
         if meta.get("deletionTimestamp"):
-            self._kill(key)
-            asyncio.get_running_loop().call_soon(self._finalize, key, meta["uid"])
+            if meta["uid"] not in self._deleting:
+                self._deleting.add(meta["uid"])
+                asyncio.create_task(self._delete_pod(key, meta["uid"]))
             return
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Pending" and meta["uid"] not in self._started and key not in self.held:
             self._started.add(meta["uid"])
             asyncio.create_task(self._start_pod(key, meta["uid"]))
+
+    async def _delete_pod(self, key: tuple[str, str], uid: str) -> None:
+        """Graceful deletion: stop the pod's processes, then remove the pod for good."""
+        await asyncio.to_thread(self._kill, key)
+        self._finalize(key, uid)
 
     def _finalize(self, key: tuple[str, str], uid: str) -> None:
         res = self.store.resources[("", "pods")]

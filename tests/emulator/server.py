@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
 import logging
@@ -211,6 +212,7 @@ class Store:
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.history: list[tuple[int, tuple[str, str], str, dict[str, Any]]] = []
         self.watchers: list[Watcher] = []
+        self.uids: set[str] = set()
         self.requests = 0
         for res in BUILTIN:
             self.add_resource(res)
@@ -391,8 +393,19 @@ class Store:
         meta["generation"] = 1
         meta["resourceVersion"] = str(self.next_rv())
         self.objects[res.key][key] = obj
+        self.uids.add(meta["uid"])
         self.notify(res, "ADDED", obj)
+        refs = meta.get("ownerReferences") or []
+        if refs and all(r.get("uid") not in self.uids for r in refs):
+            # Every owner is gone already: the garbage collector takes the newcomer too.
+            asyncio.get_event_loop().call_soon(self._collect_orphan, res, key, meta["uid"])
         return obj
+
+    def _collect_orphan(self, res: Resource, key: tuple[str, str], uid: str) -> None:
+        obj = self.objects[res.key].get(key)
+        if obj is not None and obj["metadata"]["uid"] == uid:
+            with contextlib.suppress(ApiError):
+                self.delete(res, key[0] or None, key[1], {"propagationPolicy": "Background"})
 
     def replace(
         self, res: Resource, ns: str | None, name: str, new: dict[str, Any], sub: str | None = None
@@ -596,6 +609,7 @@ class Store:
 
     def _remove(self, res: Resource, key: tuple[str, str]) -> None:
         obj = self.objects[res.key].pop(key)
+        self.uids.discard(obj["metadata"]["uid"])
         obj = copy.deepcopy(obj)
         obj["metadata"]["resourceVersion"] = str(self.next_rv())
         self.notify(res, "DELETED", obj)

@@ -326,3 +326,13 @@ def test_events_and_tables_through_kubectl(emu) -> None:
     assert "an event for describe" in described and "Testing" in described
     run("delete", "tj", "tbl")
     assert api.get("TrainingJob", "default", "tbl") is None
+
+
+def test_dependent_created_after_its_owner_is_collected(emu) -> None:
+    _, api, _ = emu
+    late = cm("late")
+    late["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                            "name": "ghost", "uid": "no-such-uid",
+                                            "controller": True}]
+    api.create(late)
+    wait_for(lambda: api.get("ConfigMap", "default", "late") is None, 5, "orphan collected")

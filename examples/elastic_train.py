@@ -1,0 +1,95 @@
+"""Elastic PyTorch training under `horovodrun --host-discovery-script ...`.
+
+The data set is generated (a fixed random teacher network labels Gaussian inputs), so it works
+offline and every run is comparable. Progress lines, printed by rank 0, are what the tests and
+benchmarks read:
+
+    STEP <n> size=<workers> loss=<batch loss> t=<unix time>
+    DONE steps=<n> size=<workers> eval_before=<loss> eval_after=<loss> resets=<n>
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+FEATURES, CLASSES = 32, 4
+
+
+def teacher_batch(gen: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and labels from a fixed random teacher: learnable, never downloaded."""
+    teacher = torch.Generator().manual_seed(1234)
+    w = torch.randn(FEATURES, CLASSES, generator=teacher)
+    x = torch.randn(size, FEATURES, generator=gen)
+    return x, (x @ w).argmax(dim=1)
+
+
+def model_() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)
+    )
+
+
+def evaluate(model: torch.nn.Module) -> float:
+    x, y = teacher_batch(torch.Generator().manual_seed(99), 2048)
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x), y))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.02, help="per-worker learning rate")
+    p.add_argument("--commit-every", type=int, default=5)
+    p.add_argument("--step-sleep", type=float, default=0.05, help="simulated extra compute")
+    args = p.parse_args()
+
+    hvd.init()
+    torch.set_num_threads(1)
+    model = model_()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    eval_before = evaluate(model) if hvd.rank() == 0 else 0.0
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, step=0, eval_before=eval_before, resets=0
+    )
+
+    def on_reset() -> None:
+        # The learning rate follows the number of workers (linear scaling rule).
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * hvd.size()
+        state.resets += 1
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> None:
+        gen = torch.Generator().manual_seed(10_000 * state.step + hvd.rank())
+        while state.step < args.steps:
+            x, y = teacher_batch(gen, args.batch_size)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            state.step += 1
+            if hvd.rank() == 0:
+                print(f"STEP {state.step} size={hvd.size()} loss={loss.item():.4f} "
+                      f"t={time.time():.3f}", flush=True)
+            if state.step % args.commit_every == 0:
+                state.commit()
+            time.sleep(args.step_sleep)
+
+    train(state)
+    if hvd.rank() == 0:
+        print(f"DONE steps={state.step} size={hvd.size()} eval_before={state.eval_before:.4f} "
+              f"eval_after={evaluate(model):.4f} resets={state.resets}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
