@@ -79,16 +79,22 @@ def main() -> None:
             optimizer.step()
             state.step += 1
             if hvd.rank() == 0:
-                print(f"STEP {state.step} size={hvd.size()} loss={loss.item():.4f} "
-                      f"t={time.time():.3f}", flush=True)
+                print(
+                    f"STEP {state.step} size={hvd.size()} loss={loss.item():.4f} "
+                    f"t={time.time():.3f}",
+                    flush=True,
+                )
             if state.step % args.commit_every == 0:
                 state.commit()
             time.sleep(args.step_sleep)
 
     train(state)
     if hvd.rank() == 0:
-        print(f"DONE steps={state.step} size={hvd.size()} eval_before={state.eval_before:.4f} "
-              f"eval_after={evaluate(model):.4f} resets={state.resets}", flush=True)
+        print(
+            f"DONE steps={state.step} size={hvd.size()} eval_before={state.eval_before:.4f} "
+            f"eval_after={evaluate(model):.4f} resets={state.resets}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -331,8 +331,14 @@ def test_events_and_tables_through_kubectl(emu) -> None:
 def test_dependent_created_after_its_owner_is_collected(emu) -> None:
     _, api, _ = emu
     late = cm("late")
-    late["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
-                                            "name": "ghost", "uid": "no-such-uid",
-                                            "controller": True}]
+    late["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": "ghost",
+            "uid": "no-such-uid",
+            "controller": True,
+        }
+    ]
     api.create(late)
     wait_for(lambda: api.get("ConfigMap", "default", "late") is None, 5, "orphan collected")

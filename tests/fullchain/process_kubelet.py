@@ -41,7 +41,9 @@ SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 IMAGE_PATH = "/opt/etoperator"
 
 
-def _items(data: dict[str, str], spec: dict[str, Any], binary: bool) -> dict[str, tuple[bytes, int]]:
+def _items(
+    data: dict[str, str], spec: dict[str, Any], binary: bool
+) -> dict[str, tuple[bytes, int]]:
     mode = spec.get("defaultMode", 0o644)
     items = spec.get("items")
     out: dict[str, tuple[bytes, int]] = {}
@@ -78,8 +80,9 @@ class ProcessKubelet(SimKubelet):
 
     # -- volumes ------------------------------------------------------------------------------
 
-    def _volume_dir(self, pod: dict[str, Any], vol: dict[str, Any], base: Path
-                    ) -> tuple[Path, bool] | None:
+    def _volume_dir(
+        self, pod: dict[str, Any], vol: dict[str, Any], base: Path
+    ) -> tuple[Path, bool] | None:
         ns = pod["metadata"]["namespace"]
         d = base / "volumes" / vol["name"]
         d.mkdir(parents=True, exist_ok=True)
@@ -158,15 +161,30 @@ class ProcessKubelet(SimKubelet):
         for e in container.get("env") or []:
             if "value" in e:
                 env[e["name"]] = str(e["value"])
-        setup = "; ".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}"
-                          for src, dst in mounts)
+        setup = "; ".join(
+            f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}" for src, dst in mounts
+        )
         script = f"set -e; {setup}; cd /root; exec {shlex.join(command)}"
         log = base / "container.log"
         self.logs[key] = log
         proc = subprocess.Popen(
-            ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-             "--kill-child=SIGKILL", "sh", "-c", script],
-            env=env, stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+            [
+                "unshare",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--propagation",
+                "private",
+                "--kill-child=SIGKILL",
+                "sh",
+                "-c",
+                script,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=open(log, "ab"),
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.procs[key] = proc
@@ -177,13 +195,28 @@ class ProcessKubelet(SimKubelet):
         if self._current(key, uid) is None:
             self._kill(key)
             return
-        self._set_status(key, {
-            "phase": "Running", "podIP": ip, "hostIP": "127.0.0.1", "startTime": now_iso(),
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": now_iso()}
-                           for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-            "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
-                                   "state": {"running": {"startedAt": now_iso()}}}],
-        }, node=NODE)
+        self._set_status(
+            key,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "hostIP": "127.0.0.1",
+                "startTime": now_iso(),
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": now_iso()}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": now_iso()}},
+                    }
+                ],
+            },
+            node=NODE,
+        )
         asyncio.create_task(self._reap(key, uid, proc))
 
     async def _reap(self, key: tuple[str, str], uid: str, proc: subprocess.Popen[bytes]) -> None:
@@ -195,13 +228,26 @@ class ProcessKubelet(SimKubelet):
         self._write_dns(key[0])
         if self._current(key, uid) is None:
             return  # being deleted: the deletion path finishes it
-        self._set_status(key, {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "containerStatuses": [{"name": "main", "ready": False, "restartCount": 0,
-                                   "state": {"terminated": {
-                                       "exitCode": exit_code, "finishedAt": now_iso(),
-                                       "reason": "Completed" if exit_code == 0 else "Error"}}}],
-        })
+        self._set_status(
+            key,
+            {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "finishedAt": now_iso(),
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                            }
+                        },
+                    }
+                ],
+            },
+        )
 
     def _init_pid(self, proc: subprocess.Popen[bytes]) -> int | None:
         try:

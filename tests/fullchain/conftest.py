@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from etoperator import kube
+from tests.emulator.server import Emulator
+from tests.fullchain.process_kubelet import ProcessKubelet
+from tests.harness import ROOT, Cluster, OperatorProcess
+
+
+def _why_not() -> str | None:
+    venv_bin = Path(sys.executable).parent
+    if os.geteuid() != 0:
+        return "the process kubelet needs root (mount and PID namespaces, sshd)"
+    if not (venv_bin / "horovodrun").exists():
+        return "horovodrun is missing: run `make setup` (it builds Horovod)"
+    for tool in ("unshare", "ssh"):
+        if not shutil.which(tool):
+            return f"{tool} is missing: run `make setup`"
+    if not Path("/usr/sbin/sshd").exists():
+        return "sshd is missing: run `make setup`"
+    with socket.socket() as s:
+        try:
+            s.bind(("127.20.255.254", 22))
+        except OSError as exc:
+            return f"cannot bind loopback addresses on port 22 ({exc}); is an sshd on 0.0.0.0:22?"
+    return None
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    why = _why_not()
+    if why:
+        pytest.fail(why)
+    tmp = tmp_path_factory.mktemp("chain")
+    emulator = Emulator(ROOT / "crds")
+    emulator.start(tmp / "tls")
+    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
+    kubelet = ProcessKubelet(
+        emulator,
+        tmp / "pods",
+        ssh_port=22,
+        repo=ROOT,
+        venv_bin=Path(sys.executable).parent,
+        api_host=emulator.host,
+        api_port=emulator.port,
+        ca=Path(emulator.ca),
+    )
+    kubelet.start()
+    operator = OperatorProcess(kubeconfig, tmp / "operator.log", 22)
+    operator.start()
+    c = Cluster(
+        emulator, kubelet, operator, kubeconfig, kube.Kube(kube.load_config(str(kubeconfig)))
+    )
+    try:
+        yield c
+    finally:
+        operator.stop()
+        kubelet.stop()
+        emulator.stop()
