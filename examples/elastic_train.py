@@ -15,7 +15,7 @@ import time
 
 import horovod.torch as hvd
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 FEATURES, CLASSES = 32, 4
 

@@ -12,6 +12,7 @@ from tests.harness import ROOT, Cluster, OperatorProcess
 from tests.kubelet import SimKubelet
 
 SSH_PORT = 2222
+OPERATOR_TOKEN = "etoperator"  # the operator's own identity, so its requests can be audited
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,7 +29,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
     kubelet = SimKubelet(emulator, tmp / "kubelet", ssh_port=SSH_PORT)
     kubelet.start()
-    operator = OperatorProcess(kubeconfig, tmp / "operator.log", SSH_PORT)
+    operator_kc = emulator.kubeconfig(tmp / "operator.kubeconfig", token=OPERATOR_TOKEN)
+    operator = OperatorProcess(operator_kc, tmp / "operator.log", SSH_PORT)
     operator.start()
     api = kube.Kube(kube.load_config(str(kubeconfig)))
     c = Cluster(emulator, kubelet, operator, kubeconfig, api)

@@ -213,6 +213,7 @@ class Store:
         self.history: list[tuple[int, tuple[str, str], str, dict[str, Any]]] = []
         self.watchers: list[Watcher] = []
         self.uids: set[str] = set()
+        self.audit: dict[str, set[tuple[str, str, str]]] = {}
         self.requests = 0
         for res in BUILTIN:
             self.add_resource(res)
@@ -263,6 +264,12 @@ class Store:
                 f"({group or 'core'}/{version} {plural})",
             )
         return res
+
+    def record(self, auth: str, verb: str, res: Resource, sub: str | None) -> None:
+        """Remember which verbs on which resources each bearer token used (for RBAC checks)."""
+        token = auth.removeprefix("Bearer ").strip()
+        resource = f"{res.plural}/{sub}" if sub else res.plural
+        self.audit.setdefault(token, set()).add((verb, res.group, resource))
 
     def next_rv(self) -> int:
         self.rv += 1
@@ -674,7 +681,7 @@ class Emulator:
         if crd_dir is not None:
             for path in sorted(crd_dir.glob("*.yaml")):
                 for doc in yaml.safe_load_all(path.read_text()):
-                    if doc:
+                    if doc and doc.get("kind") == "CustomResourceDefinition":
                         self.store.create(
                             self.store.resources[
                                 ("apiextensions.k8s.io", "customresourcedefinitions")
@@ -739,7 +746,9 @@ class Emulator:
 
         return asyncio.run_coroutine_threadsafe(_do(), self.loop).result(10)
 
-    def kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def kubeconfig(
+        self, path: Path, namespace: str = "default", token: str = "emulator-token"
+    ) -> Path:
         assert self.ca is not None
         cfg = {
             "apiVersion": "v1",
@@ -751,7 +760,7 @@ class Emulator:
                     "cluster": {"server": self.url, "certificate-authority": str(self.ca)},
                 }
             ],
-            "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "tester", "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "emulator",
@@ -876,6 +885,9 @@ class Emulator:
         q = request.query
         method = request.method
         store = self.store
+        store.record(
+            request.headers.get("Authorization", ""), self._rbac_verb(request, name), res, sub
+        )
         if method == "GET" and name is None:
             labels = ops.label_matcher(q.get("labelSelector"))
             fields = ops.field_matcher(q.get("fieldSelector"))
@@ -945,6 +957,17 @@ class Emulator:
                 }
             )
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed here")
+
+    @staticmethod
+    def _rbac_verb(request: web.Request, name: str | None) -> str:
+        m, q = request.method, request.query
+        if m == "GET":
+            if q.get("watch") in ("1", "true", "True"):
+                return "watch"
+            return "get" if name else "list"
+        if m == "DELETE" and not name:
+            return "deletecollection"
+        return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[m]
 
     # -- watch --------------------------------------------------------------------------------
 

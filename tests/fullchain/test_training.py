@@ -57,7 +57,7 @@ def transition(c: Cluster, tr: Training, what: str, size: int, act, timeout: flo
 def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> None:
     c = chain
     ns = c.new_namespace()
-    kubectl = lambda *a: c.kubectl("-n", ns, *a)  # noqa: E731
+    kubectl = lambda *a: c.kubectl("-n", ns, *a)
     kubectl("create", "--validate=false", "-f", str(ROOT / "examples/training_job.yaml"))
     wait_for(lambda: c.kubelet.logs.get((ns, f"{JOB}-launcher")), 60, "launcher started")
     tr = Training(c.kubelet.logs[(ns, f"{JOB}-launcher")])
