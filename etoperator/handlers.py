@@ -121,6 +121,7 @@ async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
     doomed = type != "DELETED" and bool(taints & rt.taint_keys)
     if doomed != (name in rt.tainted):
         if doomed:
+            log.warning("node %s is tainted for termination; its workers leave their jobs", name)
             rt.tainted.add(name)
         else:
             rt.tainted.discard(name)

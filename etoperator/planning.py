@@ -394,6 +394,13 @@ class _Planner:
             self.plan.events.append(
                 Event("Warning", "WorkerLost", f"worker {name} {why}; removed from the host list")
             )
+            if member is not None and member.leaving:
+                self.cond(
+                    "WorkerPreempted",
+                    "True",
+                    "PreemptionNotice",
+                    f"worker {name} {why}; left the host list before being stopped",
+                )
             if replaces(job.worker.restart_policy, member):
                 index = self.last_index() + 1
                 self.s["lastWorkerIndex"] = index

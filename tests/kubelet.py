@@ -77,6 +77,8 @@ class SimKubelet:
     procs: dict[tuple[str, str], subprocess.Popen[bytes]] = field(default_factory=dict)
     ips: dict[tuple[str, str], str] = field(default_factory=dict)
     held: set[tuple[str, str]] = field(default_factory=set)  # tests keep these Pending
+    lingering: set[tuple[str, str]] = field(default_factory=set)  # deletion left unfinished
+    nodes: dict[tuple[str, str], str] = field(default_factory=dict)  # pod -> node (else NODE)
     _ip_seq: itertools.count[int] = field(default_factory=lambda: itertools.count(0))
     _task: asyncio.Task[None] | None = None
     _started: set[str] = field(default_factory=set)  # pod uids: each is started once
@@ -129,7 +131,7 @@ class SimKubelet:
             self._kill(key)
             return
         if meta.get("deletionTimestamp"):
-            if meta["uid"] not in self._deleting:
+            if meta["uid"] not in self._deleting and key not in self.lingering:
                 self._deleting.add(meta["uid"])
                 asyncio.create_task(self._delete_pod(key, meta["uid"]))
             return
@@ -200,7 +202,7 @@ class SimKubelet:
                     for c in pod["spec"]["containers"]
                 ],
             },
-            node=NODE,
+            node=self.nodes.get(key, NODE),
         )
 
     async def _sshd(self, key: tuple[str, str], pod: dict[str, Any], ip: str) -> bool:

@@ -215,7 +215,7 @@ class ProcessKubelet(SimKubelet):
                     }
                 ],
             },
-            node=NODE,
+            node=self.nodes.get(key, NODE),
         )
         asyncio.create_task(self._reap(key, uid, proc))
 

@@ -1,0 +1,109 @@
+"""Preemption notices and Prometheus metrics, against the real operator process."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+
+from tests.harness import Cluster, wait_for
+from tests.integration.jobs import job, scaleout
+from tests.integration.test_lifecycle import running
+
+pytestmark = pytest.mark.integration
+
+
+def test_disruption_target_leaves_host_list_before_the_kill(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("spot", replicas=3, workerRestartPolicy="Always"), ns)
+    running(cluster, ns, "spot", 3)
+    cluster.kubelet.disrupt(ns, "spot-worker-1")
+    wait_for(lambda: "spot-worker-1" not in cluster.hosts(ns, "spot"), 5, "out of the list")
+    cond = cluster.condition(ns, "spot", "WorkerPreempted")
+    assert cond and cond["status"] == "True" and "DisruptionTarget" in cond["message"]
+    # Replaced under a new index, as the restartPolicy asks.
+    wait_for(
+        lambda: cluster.hosts(ns, "spot") == ["spot-worker-0", "spot-worker-2", "spot-worker-3"],
+        15,
+        "replacement joined",
+    )
+
+
+def test_eviction_in_grace_period_leaves_host_list_at_once(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("evict", replicas=2), ns)
+    running(cluster, ns, "evict")
+    cluster.kubelet.lingering.add((ns, "evict-worker-1"))  # its kubelet takes its time
+    cluster.api.delete("Pod", ns, "evict-worker-1")  # e.g. a node drain's eviction
+    wait_for(lambda: cluster.hosts(ns, "evict") == ["evict-worker-0"], 5, "out of the list")
+    pod = cluster.api.get("Pod", ns, "evict-worker-1")
+    assert pod is not None and pod["metadata"]["deletionTimestamp"]  # still there, terminating
+    assert cluster.phase(ns, "evict") == "Running"
+
+
+def test_node_termination_taint(cluster: Cluster, ns: str) -> None:
+    cluster.kubelet.nodes[(ns, "taint-worker-1")] = "spot-node-a"
+    cluster.api._call(
+        "POST",
+        "/api/v1/nodes",
+        body={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "spot-node-a"}, "spec": {}},
+    )
+    cluster.create(job("taint", replicas=2, workerRestartPolicy="OnFailure"), ns)
+    running(cluster, ns, "taint")
+    cluster.api._call(
+        "PATCH",
+        "/api/v1/nodes/spot-node-a",
+        body={
+            "spec": {
+                "taints": [
+                    {"key": "cloud.google.com/impending-node-termination", "effect": "NoSchedule"}
+                ]
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
+    wait_for(lambda: "taint-worker-1" not in cluster.hosts(ns, "taint"), 5, "out of the list")
+    cond = cluster.condition(ns, "taint", "WorkerPreempted")
+    assert cond and "spot-node-a" in cond["message"]
+    wait_for(lambda: cluster.hosts(ns, "taint") == ["taint-worker-0", "taint-worker-2"], 15)
+
+
+def scrape(cluster: Cluster) -> dict[str, float]:
+    url = f"http://127.0.0.1:{cluster.operator.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
+        if m:
+            out[m[1]] = float(m[2])
+    return out
+
+
+def test_metrics_move_with_the_world(cluster: Cluster, ns: str) -> None:
+    before = scrape(cluster)
+    get = lambda m, k: m.get(k, 0.0)
+    ok = 'etoperator_scale_operations_total{kind="ScaleOut",result="succeeded"}'
+    bad = 'etoperator_scale_operations_total{kind="ScaleOut",result="failed"}'
+    cluster.create(job("met", replicas=1, maxReplicas=2, workerRestartPolicy="Always"), ns)
+    running(cluster, ns, "met", 1)
+    cluster.create(scaleout("met-up", "met", 1), ns)
+    wait_for(lambda: cluster.phase(ns, "met-up", "ScaleOut") == "ScaleSucceeded", 20)
+    cluster.create(scaleout("met-over", "met", 5), ns)
+    wait_for(lambda: cluster.phase(ns, "met-over", "ScaleOut") == "ScaleFailed", 20)
+    cluster.kubelet.finish(ns, "met-worker-0", 1)
+    wait_for(lambda: "met-worker-2" in cluster.hosts(ns, "met"), 20)
+    after = scrape(cluster)
+    assert get(after, ok) - get(before, ok) == 1
+    assert get(after, bad) - get(before, bad) == 1
+    assert get(after, "etoperator_workers_replaced_total") > get(
+        before, "etoperator_workers_replaced_total"
+    )
+    assert (
+        get(after, "etoperator_hostlist_updates_total")
+        - get(before, "etoperator_hostlist_updates_total")
+        >= 3
+    )
+    assert get(after, 'etoperator_scale_duration_seconds_count{kind="ScaleOut"}') > get(
+        before, 'etoperator_scale_duration_seconds_count{kind="ScaleOut"}'
+    )
+    assert get(after, 'etoperator_jobs{phase="Running"}') >= 1
+    assert get(after, "etoperator_reconciles_total") > get(before, "etoperator_reconciles_total")
