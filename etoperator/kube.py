@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -191,6 +191,36 @@ class Kube:
                 "PATCH", _path(kind, namespace, name, sub), body=patch, content_type=content_type
             )
         )
+
+    def exec_in_pod(
+        self, namespace: str, pod: str, command: Sequence[str], timeout: float
+    ) -> tuple[int, str]:
+        """Run `command` (an argv list: no shell is involved) in the pod's first container."""
+        from kubernetes.stream import stream
+        from websocket import WebSocketException
+
+        self.requests += 1
+        # stream() swaps the client's request function while it runs: use a private client.
+        core = k8s.CoreV1Api(k8s.ApiClient(self.api.configuration))
+        try:
+            resp = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                command=[*command],
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+                _preload_content=False,
+            )
+            resp.run_forever(timeout=timeout)
+            output = resp.read_stdout() + resp.read_stderr()
+            code = resp.returncode
+            resp.close()
+        except (ApiException, WebSocketException, OSError, ValueError) as exc:
+            return -1, f"could not run it: {exc}"
+        return (code if code is not None else -1), output
 
     def event(
         self, obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime

@@ -111,8 +111,9 @@ class Plan:
     create_scalers: list[dict[str, Any]] = field(default_factory=list)
     spec_replicas: int | None = None
     events: list[Event] = field(default_factory=list)
-    requeue: float = 30.0
+    requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
     settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
+    run_scripts: list[tuple[tuple[str, str], list[str], int]] = field(default_factory=list)
 
 
 def _by_index(job: str, names: list[str]) -> list[str]:
@@ -171,6 +172,19 @@ def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str |
             "nothing added"
         )
     return None
+
+
+def script_argv(spec: ScalerSpec, pods: list[str]) -> list[str]:
+    """The scaler's script as an argv list: values are passed as they are, no shell parses them."""
+    assert spec.script is not None
+    return [
+        "timeout",
+        str(spec.timeout),
+        "env",
+        *(f"{k}={v}" for k, v in spec.env),
+        spec.script,
+        *pods,
+    ]
 
 
 def scaler_order(s: ScalerView) -> tuple[str, str]:
@@ -585,6 +599,8 @@ class _Planner:
             hosts = hosts + [n for n in new if n not in hosts]
             # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
             if set(new) <= set(self.inp.published or []):
+                if not self.script_done(sc, new):
+                    return members, hosts
                 self.finish_scale(sc, members, f"added {', '.join(new)} to the host list")
             else:
                 self.busy = True
@@ -607,6 +623,8 @@ class _Planner:
             if self.workers[v].phase == "Running"
             and (v in published or self.workers[v].busy is not False)
         ]
+        if not set(victims) & published and not self.script_done(sc, victims):
+            return members, hosts
         if draining and not self.timed_out(sc):
             self.busy = True
             return members, hosts
@@ -625,6 +643,17 @@ class _Planner:
             )
         self.finish_scale(sc, members, f"removed {', '.join(victims)}")
         return members, hosts
+
+    def script_done(self, sc: ScalerView, pods: list[str]) -> bool:
+        """The scaler's script (if any) has run on the launcher; else ask for it to run."""
+        assert sc.spec is not None
+        if not sc.spec.script or st.condition(sc.status.get("conditions") or [], "ScriptExecuted"):
+            return True
+        if self.launcher is None or self.launcher.phase != "Running":
+            return True  # nowhere to run it; the scale itself goes on
+        self.plan.run_scripts.append((sc.key, script_argv(sc.spec, pods), sc.spec.timeout))
+        self.busy = True
+        return False
 
     def finish_scale(self, sc: ScalerView, members: list[str], what: str) -> None:
         self.scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)

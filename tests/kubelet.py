@@ -16,6 +16,7 @@ import itertools
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ class SimKubelet:
     held: set[tuple[str, str]] = field(default_factory=set)  # tests keep these Pending
     lingering: set[tuple[str, str]] = field(default_factory=set)  # deletion left unfinished
     nodes: dict[tuple[str, str], str] = field(default_factory=dict)  # pod -> node (else NODE)
+    started_at: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic, Running
     _ip_seq: itertools.count[int] = field(default_factory=lambda: itertools.count(0))
     _task: asyncio.Task[None] | None = None
     _started: set[str] = field(default_factory=set)  # pod uids: each is started once
@@ -88,7 +90,22 @@ class SimKubelet:
     def store(self) -> Any:
         return self.emulator.store
 
+    async def exec(self, namespace: str, name: str, argv: list[str]) -> tuple[int, bytes, bytes]:
+        """pods/exec: the simulated containers share this machine, so the command runs here."""
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.exec_env(namespace, name),
+        )
+        out, err = await proc.communicate()
+        return proc.returncode or 0, out, err
+
+    def exec_env(self, namespace: str, name: str) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOSTNAME": name}
+
     def start(self) -> None:
+        self.emulator.exec_handler = self.exec
         if self.run_sshd:
             host_key(self.workdir)
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)
@@ -204,6 +221,7 @@ class SimKubelet:
             },
             node=self.nodes.get(key, NODE),
         )
+        self.started_at[key] = time.monotonic()
 
     async def _sshd(self, key: tuple[str, str], pod: dict[str, Any], ip: str) -> bool:
         pubkey = self._mounted_pubkey(pod)

@@ -72,7 +72,11 @@ class Scenario:
             lambda: tr.first_step_at(2, 0), 120 * self.slow, "training on 2 workers", interval=0.5
         )
         assert self.phase() == "Running"
+        t_first = time.time()
+        wait_for(lambda: len(tr.read().steps) >= 40, 60 * self.slow, "40 steps at 2 workers")
+        at2 = [t for _, size, _, t in tr.steps if size == 2 and t >= t_first]
         timings = {
+            "steps_per_s_at_2": (len(at2) - 1) / (at2[-1] - at2[0]),
             "scale_out_+2": self.transition(
                 tr, "ScaleOut +2", 4, lambda: self.create("scale_out.yaml")
             ),

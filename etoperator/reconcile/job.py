@@ -81,6 +81,7 @@ class JobReconciler:
     ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
     tainted_nodes: Callable[[], set[str]] = set
     _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
+    _basics_checked: dict[str, datetime] = field(default_factory=dict)
     _pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
     )
@@ -258,6 +259,11 @@ class JobReconciler:
         phase = (obs.job.get("status") or {}).get("phase")
         if phase in st.TERMINAL:
             return True
+        # Once all exist, look again only now and then: a steady job costs no extra requests.
+        checked = self._basics_checked.get(spec.uid)
+        now = self.clock()
+        if checked and obs.configmap is not None and (now - checked).total_seconds() < 300:
+            return True
         problems = []
         if spec.ssh_secret:
             secret = self.kube.get("Secret", spec.namespace, spec.ssh_secret)
@@ -300,6 +306,10 @@ class JobReconciler:
             if self.kube.get(obj["kind"], spec.namespace, obj["metadata"]["name"]) is None:
                 problems += self.ensure(obs, obj)
         self.report_blocked(obs, problems)
+        if problems:
+            self._basics_checked.pop(spec.uid, None)
+        else:
+            self._basics_checked[spec.uid] = now
         return not problems
 
     def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
@@ -495,6 +505,36 @@ class JobReconciler:
                 pass
         if problems:
             self.report_blocked(obs, problems)
+        self.run_scripts(obs, plan)
+
+    def run_scripts(self, obs: Observed, plan: Plan) -> None:
+        """Scaler scripts, on the launcher; the outcome is a ScriptExecuted condition."""
+        ns, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
+        for key, argv, timeout in plan.run_scripts:
+            code, output = self.kube.exec_in_pod(ns, naming.launcher_name(name), argv, timeout + 5)
+            log.info("scaler %s/%s script exited %s", ns, key[1], code)
+            log.debug("scaler %s/%s script output: %s", ns, key[1], output[-2000:])
+            scaler = self.kube.get(key[0], ns, key[1])
+            if scaler is None:
+                continue
+            ok = code == 0
+            msg = f"script exited {code} on {naming.launcher_name(name)}"
+            conds, _ = st.set_condition(
+                (scaler.get("status") or {}).get("conditions") or [],
+                "ScriptExecuted",
+                "True" if ok else "False",
+                "ScriptSucceeded" if ok else "ScriptFailed",
+                msg,
+                self.now(),
+            )
+            self.kube.patch(key[0], ns, key[1], {"status": {"conditions": conds}}, sub="status")
+            self.kube.event(
+                scaler,
+                "Normal" if ok else "Warning",
+                "ScriptSucceeded" if ok else "ScriptFailed",
+                msg,
+                self.clock(),
+            )
 
     def _secret_has_config(self, spec: JobSpec, secret_name: str) -> bool:
         if not spec.ssh_secret:

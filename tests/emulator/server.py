@@ -214,6 +214,7 @@ class Store:
         self.watchers: list[Watcher] = []
         self.uids: set[str] = set()
         self.audit: dict[str, set[tuple[str, str, str]]] = {}
+        self.counts: dict[str, dict[tuple[str, str, str], int]] = {}
         self.requests = 0
         for res in BUILTIN:
             self.add_resource(res)
@@ -270,6 +271,8 @@ class Store:
         token = auth.removeprefix("Bearer ").strip()
         resource = f"{res.plural}/{sub}" if sub else res.plural
         self.audit.setdefault(token, set()).add((verb, res.group, resource))
+        counts = self.counts.setdefault(token, {})
+        counts[(verb, res.group, resource)] = counts.get((verb, res.group, resource), 0) + 1
 
     def next_rv(self) -> int:
         self.rv += 1
@@ -678,6 +681,8 @@ class Emulator:
         self._runner: web.AppRunner | None = None
         self.tls_dir: Path | None = None
         self.crd_dir = crd_dir
+        # async (namespace, pod, argv) -> (exit code, stdout, stderr); set by a kubelet
+        self.exec_handler: Any = None
         if crd_dir is not None:
             for path in sorted(crd_dir.glob("*.yaml")):
                 for doc in yaml.safe_load_all(path.read_text()):
@@ -821,6 +826,9 @@ class Emulator:
         res = self.store.find(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
+        if sub == "exec" and res.kind == "Pod" and name:
+            self.store.record(request.headers.get("Authorization", ""), "create", res, sub)
+            return await self._exec(request, ns or "", name)
         if (
             sub not in (None, "status", "scale")
             or (sub == "status" and not res.status_sub)
@@ -968,6 +976,35 @@ class Emulator:
         if m == "DELETE" and not name:
             return "deletecollection"
         return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[m]
+
+    async def _exec(self, request: web.Request, ns: str, name: str) -> web.StreamResponse:
+        """pods/exec over a websocket (v4.channel.k8s.io), run by the kubelet's exec hook."""
+        pod = self.store.get(self.store.resources[("", "pods")], ns, name)
+        if (pod.get("status") or {}).get("phase") != "Running":
+            raise ApiError(400, "BadRequest", f"pod {name} is not running")
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io", "channel.k8s.io"))
+        await ws.prepare(request)
+        argv = request.query.getall("command", [])
+        if self.exec_handler is None:
+            code, out, err = 126, b"", b"no kubelet runs commands here\n"
+        else:
+            code, out, err = await self.exec_handler(ns, name, argv)
+        if out:
+            await ws.send_bytes(b"\x01" + out)
+        if err:
+            await ws.send_bytes(b"\x02" + err)
+        status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        if code != 0:
+            status = {
+                "metadata": {},
+                "status": "Failure",
+                "reason": "NonZeroExitCode",
+                "message": f"command terminated with non-zero exit code: {code}",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+            }
+        await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+        await ws.close()
+        return ws
 
     # -- watch --------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ class ProcessKubelet(SimKubelet):
     ssh_dirs: dict[tuple[str, str], tuple[Path, bytes]] = field(default_factory=dict)
     logs: dict[tuple[str, str], Path] = field(default_factory=dict)
     sshd_port: int = 22
+    envs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
     def next_ip(self) -> str:
         n = next(self._ip_seq)
@@ -161,6 +163,7 @@ class ProcessKubelet(SimKubelet):
         for e in container.get("env") or []:
             if "value" in e:
                 env[e["name"]] = str(e["value"])
+        self.envs[key] = env
         setup = "; ".join(
             f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}" for src, dst in mounts
         )
@@ -217,6 +220,7 @@ class ProcessKubelet(SimKubelet):
             },
             node=self.nodes.get(key, NODE),
         )
+        self.started_at[key] = time.monotonic()
         asyncio.create_task(self._reap(key, uid, proc))
 
     async def _reap(self, key: tuple[str, str], uid: str, proc: subprocess.Popen[bytes]) -> None:
@@ -272,6 +276,19 @@ class ProcessKubelet(SimKubelet):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self.emulator.loop.call_soon_threadsafe(self._write_dns, key[0])
+
+    async def exec(self, namespace: str, name: str, argv: list[str]) -> tuple[int, bytes, bytes]:
+        """pods/exec: the command joins the pod's mount and PID namespaces."""
+        proc = self.procs.get((namespace, name))
+        init = self._init_pid(proc) if proc is not None else None
+        if init is None:
+            return 126, b"", b"the container is not running\n"
+        return await super().exec(
+            namespace, name, ["nsenter", "-t", str(init), "-m", "-p", "--", *argv]
+        )
+
+    def exec_env(self, namespace: str, name: str) -> dict[str, str]:
+        return self.envs.get((namespace, name), {})
 
     def crash(self, namespace: str, name: str) -> None:
         """SIGKILL the pod's init: its container dies (the pod then ends Failed, code 137)."""

@@ -32,5 +32,11 @@ def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> No
     )
     out = os.environ.get("ETOPERATOR_FULLCHAIN_RESULTS")
     timings = scenario.run(Path(out) if out else None)
-    assert set(timings) == {"scale_out_+2", "scale_in_count_1", "scale_in_by_name", "worker_killed"}
+    assert set(timings) == {
+        "steps_per_s_at_2",
+        "scale_out_+2",
+        "scale_in_count_1",
+        "scale_in_by_name",
+        "worker_killed",
+    }
     wait_for(lambda: c.pods(ns, JOB, "worker") == [], 30, "workers cleaned up")

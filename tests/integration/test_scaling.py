@@ -305,3 +305,38 @@ def test_kubectl_scale_up_and_down(cluster: Cluster, ns: str) -> None:
     assert res.returncode != 0 and "maxReplicas" in res.stderr
     out = cluster.kubectl("get", "tj", "ks", "-n", ns).stdout.split()
     assert out[5:9] == ["ks", "Running", "1", "1"], out
+
+
+def test_scaler_script_runs_on_the_launcher_with_values_as_given(
+    cluster: Cluster, ns: str, tmp_path
+) -> None:
+    out = tmp_path / "hook.out"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\nprintf "%s\\n" "$GREETING" "$@" > {out}\n')
+    hook.chmod(0o755)
+    cluster.create(job("hook", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "hook", 1)
+    manifest = scaleout("hooked", "hook", 2)
+    tricky = "it's $(touch /tmp/etoperator-pwned) `id` ; rm -rf /"
+    manifest["spec"].update(script=str(hook), env=[{"name": "GREETING", "value": tricky}])
+    cluster.create(manifest, ns)
+    settled(cluster, ns, SO, "hooked", "ScaleSucceeded")
+    # The script ran once, with the scaler's own pods as arguments and the value verbatim.
+    assert out.read_text().splitlines() == [tricky, "hook-worker-1", "hook-worker-2"]
+    cond = cluster.condition(ns, "hooked", "ScriptExecuted", SO)
+    assert cond and cond["status"] == "True" and "exited 0" in cond["message"]
+    import os
+
+    assert not os.path.exists("/tmp/etoperator-pwned")
+
+
+def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("hookfail", replicas=2), ns)
+    running(cluster, ns, "hookfail")
+    manifest = scalein("badhook", "hookfail", count=1)
+    manifest["spec"]["script"] = "/bin/false"
+    cluster.create(manifest, ns)
+    settled(cluster, ns, SI, "badhook", "ScaleSucceeded")
+    cond = cluster.condition(ns, "badhook", "ScriptExecuted", SI)
+    assert cond and cond["status"] == "False" and cond["reason"] == "ScriptFailed"
+    assert "ScriptFailed" in cluster.event_reasons(ns, "badhook")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,15 +50,19 @@ def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
     key = load_key(sshd.private_openssh)
     assert prober.horovod_running(IP, key, "job-worker-1") is False
     # Started over SSH, as Horovod starts its workers.
+    marker = f"etoperator-drain-test-{uuid.uuid4().hex[:8]}"
     code, _ = prober.run(
-        IP, key, "HOROVOD_HOSTNAME=job-worker-10 nohup sleep 60 >/dev/null 2>&1 & echo started"
+        IP,
+        key,
+        f"HOROVOD_HOSTNAME=job-worker-10 nohup bash -c 'exec -a {marker} sleep 60' "
+        ">/dev/null 2>&1 & echo started",
     )
     assert code == 0
     try:
         wait_for(lambda: prober.horovod_running(IP, key, "job-worker-10"), 5, "busy")
         assert prober.horovod_running(IP, key, "job-worker-1") is False  # no substring match
     finally:
-        subprocess.run(["pkill", "-f", "^sleep 60$"])
+        subprocess.run(["pkill", "-f", marker])
     wait_for(lambda: prober.horovod_running(IP, key, "job-worker-10") is False, 5, "idle")
 
 
