@@ -289,17 +289,24 @@ def main() -> int:
     p.add_argument("--only", nargs="*", default=["p1", "p5", "p4", "p6"])
     args = p.parse_args()
     rows: list[Row] = []
+    stages: list[tuple[str, Callable[[Path], list[Row]]]] = [
+        ("p1", lambda t: p1_p2_p3(t, args.rounds)),
+        ("p5", lambda t: p5(t, args.jobs, args.workers)),
+        ("p4", p4_p6),
+        ("p6", p6),
+    ]
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        if "p1" in args.only:
-            rows += p1_p2_p3(tmp / "p1", args.rounds)
-        if "p5" in args.only:
-            rows += p5(tmp / "p5", args.jobs, args.workers)
-        if "p4" in args.only:
-            rows += p4_p6(tmp / "p4")
-        if "p6" in args.only:
-            rows += p6(tmp / "p6")
-            rows += ratio_row(rows)
+        for name, stage in stages:
+            if name not in args.only:
+                continue
+            try:
+                got = stage(Path(d) / name)
+            except (AssertionError, subprocess.CalledProcessError, OSError) as exc:
+                got = [(name.upper(), "stage failed", type(exc).__name__, str(exc)[:60])]
+            for row in got:  # print as they come: a later stage cannot lose them
+                print("  ".join(row), flush=True)
+            rows += got
+        rows += ratio_row(rows)
     print(
         f"\nmachine: {os.cpu_count()} cores, "
         f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"

@@ -55,6 +55,11 @@ class PodView:
     busy: bool | None = None  # scale-in victim: a Horovod process still runs on it
 
     @property
+    def draining(self) -> bool:
+        """Noticed for preemption, still running: Horovod may still be on it."""
+        return bool(self.leaving) and self.phase == "Running" and not self.deleting
+
+    @property
     def gone_bad(self) -> bool:
         return self.phase in ("Failed", "Succeeded") or self.deleting or bool(self.leaving)
 
@@ -398,7 +403,7 @@ class _Planner:
             if name in hosts:
                 hosts.remove(name)
             why = self.describe_loss(member)
-            if member is not None:
+            if member is not None and not member.draining:
                 self.delete(name)
             if name in joining:
                 scale_out_broken.append(name)
@@ -428,15 +433,18 @@ class _Planner:
                 self.fail_job("WorkerFailed", f"worker {name} {why} before training started")
                 return
 
-        # Anything of this run that is not a member (nor draining) goes.
+        # Anything of this run that is not a member goes, unless Horovod may still run on it:
+        # a ScaleIn victim (its scaler decides), or a preempted worker until Horovod left it
+        # (deleting it sooner would kill training mid-step; its node takes it anyway).
         for pod in self.workers.values():
-            if (
-                pod.index is not None
-                and pod.index >= start
-                and pod.name not in members
-                and (pod.name not in leaving or pod.gone_bad)
-            ):
-                self.delete(pod.name)
+            if pod.index is None or pod.index < start or pod.name in members:
+                continue
+            if pod.name in leaving and not pod.gone_bad:
+                continue
+            if pod.draining and pod.busy is not False:
+                self.busy = True
+                continue
+            self.delete(pod.name)
         # Members without a pod are created (a name is free once its old pod is gone).
         for name in members:
             if name not in self.workers:

@@ -151,7 +151,8 @@ class JobReconciler:
                 continue
             if p["metadata"]["labels"].get(naming.LABEL_ROLE) != naming.ROLE_WORKER:
                 continue
-            if pname in victims and pname not in published and key is not None:
+            draining = pname in victims or bool(_leaving(p, tainted))
+            if draining and pname not in published and key is not None:
                 probes[pname] = self._pool.submit(self.prober.horovod_running, ip, key, pname)
             elif pname not in hosts and pname not in victims and key is not None:
                 probes[pname] = self._pool.submit(self.prober.ready, ip, key)
@@ -175,7 +176,9 @@ class JobReconciler:
                     )
             else:
                 ready = running
-            busy = probes[pname].result() if pname in victims and pname in probes else None
+            leaving = _leaving(p, tainted) if role == naming.ROLE_WORKER else ""
+            drain_checked = pname in probes and (pname in victims or bool(leaving))
+            busy = probes[pname].result() if drain_checked else None
             run = meta.get("annotations", {}).get(ANN_RUN)
             views.append(
                 PodView(

@@ -4,12 +4,13 @@ real `horovodrun` launcher running the example elastic training, scaled while it
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster, wait_for
-from tests.scenario import JOB, Scenario
+from tests.harness import ROOT, Cluster, wait_for
+from tests.scenario import JOB, STEPS, Scenario, Training
 
 pytestmark = pytest.mark.fullchain
 
@@ -40,3 +41,41 @@ def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> No
         "worker_killed",
     }
     wait_for(lambda: c.pods(ns, JOB, "worker") == [], 30, "workers cleaned up")
+
+
+def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
+    """A worker that gets a DisruptionTarget notice leaves the host list before it dies, so
+    Horovod shrinks at its next commit and no committed-then-lost step is ever repeated."""
+    c = chain
+    ns = c.new_namespace()
+    c.kubectl(
+        "-n", ns, "create", "--validate=false", "-f", str(ROOT / "examples/training_job.yaml")
+    )
+    launcher = (ns, f"{JOB}-launcher")
+
+    def launcher_log() -> str:
+        path = c.kubelet.logs.get(launcher)
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    tr = Training(launcher_log)
+    wait_for(
+        lambda: len([s for s in tr.read().steps if s[1] == 2]) >= 20,
+        120,
+        "training on 2 workers",
+        interval=0.2,
+    )
+    victim = f"{JOB}-worker-1"
+    t0 = time.time()
+    c.kubelet.disrupt(ns, victim)
+    wait_for(lambda: victim not in c.hosts(ns, JOB), 5, "the noticed worker out of the list")
+    wait_for(lambda: tr.first_step_at(1, t0), 60, "training on 1 worker", interval=0.2)
+    print(f"preemption notice: first step at size 1 after {tr.first_step_at(1, t0) - t0:.2f}s")
+    c.kubelet.crash(ns, victim)  # the node goes away after its notice
+    wait_for(lambda: c.phase(ns, JOB) == "Succeeded", 240, "the job to succeed", interval=0.5)
+    steps = [s for s, *_ in tr.read().steps]
+    after = [s for s, _, _, t in tr.steps if t >= t0]
+    assert len(after) == len(set(after)), "a step was repeated: training rolled back"
+    assert after == sorted(after) and max(steps) == STEPS
+    assert tr.done is not None and tr.done[1] == 1
+    cond = c.condition(ns, JOB, "WorkerPreempted")
+    assert cond and "DisruptionTarget" in cond["message"]
