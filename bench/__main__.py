@@ -20,10 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from etoperator import kube
-from tests.conftest import OPERATOR_TOKEN
-from tests.emulator.server import Emulator
-from tests.harness import ROOT, Cluster, OperatorProcess, wait_for
+from tests.harness import OPERATOR_TOKEN, ROOT, Cluster, start_cluster, wait_for
 from tests.integration.jobs import job, scalein, scaleout
 from tests.kubelet import SimKubelet
 
@@ -39,22 +36,10 @@ def fmt(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f}s, p95 {pct(values, 0.95):.2f}s"
 
 
-def start_cluster(tmp: Path, ssh: bool = True, extra: list[str] | None = None) -> Cluster:
-    emulator = Emulator(ROOT / "crds")
-    emulator.start(tmp / "tls")
-    kc = emulator.kubeconfig(tmp / "kubeconfig")
-    kubelet = SimKubelet(emulator, tmp / "kubelet", ssh_port=2222, run_sshd=ssh)
-    kubelet.start()
-    okc = emulator.kubeconfig(tmp / "operator.kubeconfig", token=OPERATOR_TOKEN)
-    operator = OperatorProcess(okc, tmp / "operator.log", 2222, extra=extra)
-    operator.start()
-    return Cluster(emulator, kubelet, operator, kc, kube.Kube(kube.load_config(str(kc))))
-
-
-def stop_cluster(c: Cluster) -> None:
-    c.operator.stop()
-    c.kubelet.stop()
-    c.emulator.stop()
+def cluster(tmp: Path, ssh: bool = True, extra: list[str] | None = None) -> Cluster:
+    return start_cluster(
+        tmp, lambda e: SimKubelet(e, tmp / "kubelet", ssh_port=2222, run_sshd=ssh), 2222, extra
+    )
 
 
 def discover(c: Cluster, ns: str, name: str, tmp: Path) -> Callable[[], list[str]]:
@@ -85,7 +70,7 @@ def discover(c: Cluster, ns: str, name: str, tmp: Path) -> Callable[[], list[str
 
 
 def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
-    c = start_cluster(tmp)
+    c = cluster(tmp)
     try:
         ns = c.new_namespace()
         c.create(job("b", replicas=3, maxReplicas=64, workerRestartPolicy="Always"), ns)
@@ -130,7 +115,7 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
             ("P3", "drained -> victim pod deleted", fmt(p3_del), "<= 3 s"),
         ]
     finally:
-        stop_cluster(c)
+        c.stop()
 
 
 def histogram_quantile(text: str, name: str, q: float) -> float:
@@ -147,7 +132,7 @@ def histogram_quantile(text: str, name: str, q: float) -> float:
 def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
     # The control plane alone: no sshd per worker (ssh checks off), so the figures are the
     # operator's own cost at this scale.
-    c = start_cluster(tmp, ssh=False, extra=["--no-ssh-checks"])
+    c = cluster(tmp, ssh=False, extra=["--no-ssh-checks"])
     try:
         ns = c.new_namespace()
         t0 = time.monotonic()
@@ -199,7 +184,7 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
             ),
         ]
     finally:
-        stop_cluster(c)
+        c.stop()
 
 
 def p4_p6(tmp: Path) -> list[Row]:

@@ -6,13 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from etoperator import kube
-from tests.emulator.server import Emulator
-from tests.harness import ROOT, Cluster, OperatorProcess
+from tests.harness import Cluster, start_cluster
 from tests.kubelet import SimKubelet
 
 SSH_PORT = 2222
-OPERATOR_TOKEN = "etoperator"  # the operator's own identity, so its requests can be audited
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -24,22 +21,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if not shutil.which("sshd") and not Path("/usr/sbin/sshd").exists():
         pytest.fail("OpenSSH's sshd is needed (apt-get install openssh-server; .ci/run does it)")
     tmp = tmp_path_factory.mktemp("cluster")
-    emulator = Emulator(ROOT / "crds")
-    emulator.start(tmp / "tls")
-    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
-    kubelet = SimKubelet(emulator, tmp / "kubelet", ssh_port=SSH_PORT)
-    kubelet.start()
-    operator_kc = emulator.kubeconfig(tmp / "operator.kubeconfig", token=OPERATOR_TOKEN)
-    operator = OperatorProcess(operator_kc, tmp / "operator.log", SSH_PORT)
-    operator.start()
-    api = kube.Kube(kube.load_config(str(kubeconfig)))
-    c = Cluster(emulator, kubelet, operator, kubeconfig, api)
+    c = start_cluster(tmp, lambda e: SimKubelet(e, tmp / "kubelet", ssh_port=SSH_PORT), SSH_PORT)
     try:
         yield c
     finally:
-        operator.stop()
-        kubelet.stop()
-        emulator.stop()
+        c.stop()
 
 
 @pytest.fixture

@@ -119,6 +119,28 @@ class OperatorProcess:
         return "\n".join(lines[-n:])
 
 
+OPERATOR_TOKEN = "etoperator"  # the operator's own identity, so its requests can be audited
+
+
+def start_cluster(
+    tmp: Path,
+    make_kubelet: Callable[[Emulator], SimKubelet],
+    ssh_port: int,
+    extra: list[str] | None = None,
+) -> Cluster:
+    """The API emulator, a kubelet, and the operator as a real process, all on this machine."""
+    emulator = Emulator(ROOT / "crds")
+    emulator.start(tmp / "tls")
+    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
+    kubelet = make_kubelet(emulator)
+    kubelet.start()
+    operator_kc = emulator.kubeconfig(tmp / "operator.kubeconfig", token=OPERATOR_TOKEN)
+    operator = OperatorProcess(operator_kc, tmp / "operator.log", ssh_port, extra=extra)
+    operator.start()
+    api = kube.Kube(kube.load_config(str(kubeconfig)))
+    return Cluster(emulator, kubelet, operator, kubeconfig, api)
+
+
 @dataclass
 class Cluster:
     emulator: Emulator
@@ -140,6 +162,24 @@ class Cluster:
         if check and res.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr}")
         return res
+
+    def kubectl_create(self, ns: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        """`kubectl create -f -` as a user would (the emulator serves no OpenAPI document)."""
+        return self.kubectl(
+            "create",
+            "--validate=false",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(manifest),
+            check=False,
+        )
+
+    def stop(self) -> None:
+        self.operator.stop()
+        self.kubelet.stop()
+        self.emulator.stop()
 
     def new_namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"

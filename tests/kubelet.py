@@ -197,31 +197,7 @@ class SimKubelet:
         if pod is None:
             self._kill(key)
             return
-        self._set_status(
-            key,
-            {
-                "phase": "Running",
-                "podIP": ip,
-                "hostIP": "127.0.0.1",
-                "startTime": now_iso(),
-                "conditions": [
-                    {"type": t, "status": "True", "lastTransitionTime": now_iso()}
-                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                ],
-                "containerStatuses": [
-                    {
-                        "name": c["name"],
-                        "ready": True,
-                        "restartCount": 0,
-                        "image": c.get("image", ""),
-                        "state": {"running": {"startedAt": now_iso()}},
-                    }
-                    for c in pod["spec"]["containers"]
-                ],
-            },
-            node=self.nodes.get(key, NODE),
-        )
-        self.started_at[key] = time.monotonic()
+        self._mark_running(key, ip, [c["name"] for c in pod["spec"]["containers"]])
 
     async def _sshd(self, key: tuple[str, str], pod: dict[str, Any], ip: str) -> bool:
         pubkey = self._mounted_pubkey(pod)
@@ -260,6 +236,56 @@ class SimKubelet:
             return data.get("id_rsa.pub")
         return None
 
+    def _mark_running(self, key: tuple[str, str], ip: str, containers: list[str]) -> None:
+        self._set_status(
+            key,
+            {
+                "phase": "Running",
+                "podIP": ip,
+                "hostIP": "127.0.0.1",
+                "startTime": now_iso(),
+                "conditions": [
+                    {"type": t, "status": "True", "lastTransitionTime": now_iso()}
+                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+                ],
+                "containerStatuses": [
+                    {
+                        "name": n,
+                        "ready": True,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": now_iso()}},
+                    }
+                    for n in containers
+                ],
+            },
+            node=self.nodes.get(key, NODE),
+        )
+        self.started_at[key] = time.monotonic()
+
+    def _mark_terminated(self, key: tuple[str, str], exit_code: int, reason: str = "") -> None:
+        code_reason = "Completed" if exit_code == 0 else "Error"
+        self._set_status(
+            key,
+            {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "reason": reason or None,
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "finishedAt": now_iso(),
+                                "reason": code_reason,
+                            }
+                        },
+                    }
+                ],
+            },
+        )
+
     def _set_status(
         self, key: tuple[str, str], status: dict[str, Any], node: str | None = None
     ) -> None:
@@ -283,27 +309,7 @@ class SimKubelet:
         def _do() -> None:
             key = (namespace, name)
             self._kill(key)
-            self._set_status(
-                key,
-                {
-                    "phase": "Succeeded" if exit_code == 0 else "Failed",
-                    "reason": reason or None,
-                    "containerStatuses": [
-                        {
-                            "name": "main",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {
-                                "terminated": {
-                                    "exitCode": exit_code,
-                                    "finishedAt": now_iso(),
-                                    "reason": "Completed" if exit_code == 0 else "Error",
-                                }
-                            },
-                        }
-                    ],
-                },
-            )
+            self._mark_terminated(key, exit_code, reason)
 
         self.emulator.call(_do)
 

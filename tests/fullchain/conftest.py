@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from etoperator import kube
 from tests.emulator.server import Emulator
 from tests.fullchain.process_kubelet import ProcessKubelet
-from tests.harness import ROOT, Cluster, OperatorProcess
+from tests.harness import ROOT, Cluster, start_cluster
 
 
 def _why_not() -> str | None:
@@ -40,28 +39,21 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if why:
         pytest.fail(why)
     tmp = tmp_path_factory.mktemp("chain")
-    emulator = Emulator(ROOT / "crds")
-    emulator.start(tmp / "tls")
-    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
-    kubelet = ProcessKubelet(
-        emulator,
-        tmp / "pods",
-        ssh_port=22,
-        repo=ROOT,
-        venv_bin=Path(sys.executable).parent,
-        api_host=emulator.host,
-        api_port=emulator.port,
-        ca=Path(emulator.ca),
-    )
-    kubelet.start()
-    operator = OperatorProcess(kubeconfig, tmp / "operator.log", 22)
-    operator.start()
-    c = Cluster(
-        emulator, kubelet, operator, kubeconfig, kube.Kube(kube.load_config(str(kubeconfig)))
-    )
+
+    def kubelet(e: Emulator) -> ProcessKubelet:
+        return ProcessKubelet(
+            e,
+            tmp / "pods",
+            ssh_port=22,
+            repo=ROOT,
+            venv_bin=Path(sys.executable).parent,
+            api_host=e.host,
+            api_port=e.port,
+            ca=Path(e.ca),
+        )
+
+    c = start_cluster(tmp, kubelet, 22)
     try:
         yield c
     finally:
-        operator.stop()
-        kubelet.stop()
-        emulator.stop()
+        c.stop()

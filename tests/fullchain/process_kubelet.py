@@ -30,13 +30,11 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.emulator.server import now_iso
-from tests.kubelet import NODE, SimKubelet, wait_port
+from tests.kubelet import SimKubelet, wait_port
 
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 IMAGE_PATH = "/opt/etoperator"
@@ -198,29 +196,7 @@ class ProcessKubelet(SimKubelet):
         if self._current(key, uid) is None:
             self._kill(key)
             return
-        self._set_status(
-            key,
-            {
-                "phase": "Running",
-                "podIP": ip,
-                "hostIP": "127.0.0.1",
-                "startTime": now_iso(),
-                "conditions": [
-                    {"type": t, "status": "True", "lastTransitionTime": now_iso()}
-                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                ],
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "ready": True,
-                        "restartCount": 0,
-                        "state": {"running": {"startedAt": now_iso()}},
-                    }
-                ],
-            },
-            node=self.nodes.get(key, NODE),
-        )
-        self.started_at[key] = time.monotonic()
+        self._mark_running(key, ip, [container["name"]])
         asyncio.create_task(self._reap(key, uid, proc))
 
     async def _reap(self, key: tuple[str, str], uid: str, proc: subprocess.Popen[bytes]) -> None:
@@ -232,26 +208,7 @@ class ProcessKubelet(SimKubelet):
         self._write_dns(key[0])
         if self._current(key, uid) is None:
             return  # being deleted: the deletion path finishes it
-        self._set_status(
-            key,
-            {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "main",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {
-                            "terminated": {
-                                "exitCode": exit_code,
-                                "finishedAt": now_iso(),
-                                "reason": "Completed" if exit_code == 0 else "Error",
-                            }
-                        },
-                    }
-                ],
-            },
-        )
+        self._mark_terminated(key, exit_code)
 
     def _init_pid(self, proc: subprocess.Popen[bytes]) -> int | None:
         try:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import OPERATOR_TOKEN
-from tests.harness import ROOT, Cluster, wait_for
+from tests.harness import OPERATOR_TOKEN, ROOT, Cluster, wait_for
 from tests.integration.jobs import job, scalein, scaleout
 
 pytestmark = pytest.mark.integration

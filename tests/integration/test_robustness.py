@@ -9,26 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.harness import Cluster, wait_for
 from tests.integration.jobs import job
 from tests.integration.test_lifecycle import running
 
 pytestmark = pytest.mark.integration
-
-
-def kubectl_create(cluster: Cluster, ns: str, manifest: dict) -> subprocess.CompletedProcess[str]:
-    return cluster.kubectl(
-        "create",
-        "--validate=false",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=yaml.safe_dump(manifest),
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
@@ -57,7 +43,7 @@ def kubectl_create(cluster: Cluster, ns: str, manifest: dict) -> subprocess.Comp
 def test_schema_rejects(cluster: Cluster, ns: str, mutate, needle: str) -> None:
     manifest = job("bad")
     mutate(manifest)
-    res = kubectl_create(cluster, ns, manifest)
+    res = cluster.kubectl_create(ns, manifest)
     assert res.returncode != 0 and needle in res.stderr, res.stderr
     assert cluster.api.get("TrainingJob", ns, "bad") is None
 
@@ -66,7 +52,7 @@ def test_missing_optional_fields_are_defaulted_not_fatal(cluster: Cluster, ns: s
     # The Go operator crashed on a missing worker.replicas or backoffLimit.
     manifest = job("defaults")
     del manifest["spec"]["etReplicaSpecs"]["worker"]["replicas"]
-    res = kubectl_create(cluster, ns, manifest)
+    res = cluster.kubectl_create(ns, manifest)
     assert res.returncode == 0, res.stderr
     running(cluster, ns, "defaults", 1)
     spec = cluster.job(ns, "defaults")["spec"]

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 
 import paramiko
 import pytest
-import yaml
 
 from tests.harness import Cluster, wait_for
 from tests.integration.jobs import job, scalein, scaleout
@@ -105,16 +104,7 @@ def test_scale_in_empty_pod_names_is_rejected(cluster: Cluster, ns: str) -> None
     ):
         manifest = scalein("empty", "any")
         manifest["spec"]["toDelete"] = to_delete
-        res = cluster.kubectl(
-            "create",
-            "--validate=false",
-            "-n",
-            ns,
-            "-f",
-            "-",
-            input=yaml.safe_dump(manifest),
-            check=False,
-        )
+        res = cluster.kubectl_create(ns, manifest)
         assert res.returncode != 0 and needle in res.stderr, res.stderr
 
 
