@@ -313,6 +313,12 @@ class SimKubelet:
 
         self.emulator.call(_do)
 
+    def release(self, namespace: str, name: str) -> None:
+        """Let a pod held Pending (see `held`) start now."""
+        self.held.discard((namespace, name))
+        pods = self.store.objects[("", "pods")]
+        self.emulator.call(lambda: self._on(pods[(namespace, name)], "MODIFIED"))
+
     def disrupt(self, namespace: str, name: str) -> None:
         """A DisruptionTarget condition, as the control plane sets before a preemption."""
 

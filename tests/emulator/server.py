@@ -215,6 +215,8 @@ class Store:
         self.uids: set[str] = set()
         self.audit: dict[str, set[tuple[str, str, str]]] = {}
         self.counts: dict[str, dict[tuple[str, str, str], int]] = {}
+        # (verb, resource, code): the next matching request fails with that code, once
+        self.faults: list[tuple[str, str, int]] = []
         self.requests = 0
         for res in BUILTIN:
             self.add_resource(res)
@@ -893,9 +895,13 @@ class Emulator:
         q = request.query
         method = request.method
         store = self.store
-        store.record(
-            request.headers.get("Authorization", ""), self._rbac_verb(request, name), res, sub
-        )
+        verb = self._rbac_verb(request, name)
+        store.record(request.headers.get("Authorization", ""), verb, res, sub)
+        resource = f"{res.plural}/{sub}" if sub else res.plural
+        for fault in store.faults:
+            if fault[:2] == (verb, resource):
+                store.faults.remove(fault)
+                raise ApiError(fault[2], "Conflict", f"injected fault on {verb} {resource}")
         if method == "GET" and name is None:
             labels = ops.label_matcher(q.get("labelSelector"))
             fields = ops.field_matcher(q.get("fieldSelector"))

@@ -71,12 +71,7 @@ def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     assert cluster.hosts(ns, "gate") == []
     assert cluster.phase(ns, "gate") == "Created"
     # Running but with sshd refusing (its process killed): still not ready.
-    cluster.kubelet.held.discard((ns, "gate-worker-1"))
-    cluster.kubelet.emulator.call(
-        lambda: cluster.kubelet._on(
-            cluster.emulator.store.objects[("", "pods")][(ns, "gate-worker-1")], "MODIFIED"
-        )
-    )
+    cluster.kubelet.release(ns, "gate-worker-1")
     running(cluster, ns, "gate")
 
 

@@ -145,11 +145,7 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
         p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
         for p in cluster.pods(ns, "rst", "worker")
     }
-    cluster.kubelet.held.discard((ns, "rst-worker-1"))
-    store = cluster.emulator.store
-    cluster.emulator.call(
-        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "rst-worker-1")], "MODIFIED")
-    )
+    cluster.kubelet.release(ns, "rst-worker-1")
     cluster.operator.start()
     running(cluster, ns, "rst")
     # The same two workers, never re-created; one launcher.

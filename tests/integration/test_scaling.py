@@ -195,11 +195,7 @@ def test_scalers_run_oldest_first_one_at_a_time(cluster: Cluster, ns: str) -> No
     # b-second waits while a-first runs.
     wait_for(lambda: cluster.status(ns, "q").get("currentScaler") == f"ScaleOut:{ns}/a-first")
     assert cluster.phase(ns, "b-second", SI) == ""
-    cluster.kubelet.held.discard((ns, "q-worker-2"))
-    store = cluster.emulator.store
-    cluster.emulator.call(
-        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "q-worker-2")], "MODIFIED")
-    )
+    cluster.kubelet.release(ns, "q-worker-2")
     settled(cluster, ns, SO, "a-first", "ScaleSucceeded")
     st = settled(cluster, ns, SI, "b-second", "ScaleSucceeded")
     # Run after the ScaleOut, the ScaleIn by count removes the newest worker.
@@ -253,11 +249,7 @@ def test_operator_killed_after_plan_frozen(cluster: Cluster, ns: str) -> None:
         "plan frozen",
     )
     cluster.operator.kill()
-    cluster.kubelet.held.discard((ns, "frz-worker-2"))
-    store = cluster.emulator.store
-    cluster.emulator.call(
-        lambda: cluster.kubelet._on(store.objects[("", "pods")][(ns, "frz-worker-2")], "MODIFIED")
-    )
+    cluster.kubelet.release(ns, "frz-worker-2")
     cluster.operator.start()
     st = settled(cluster, ns, SO, "once", "ScaleSucceeded")
     assert st["addPods"] == ["frz-worker-2"]
@@ -330,3 +322,38 @@ def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
     cond = cluster.condition(ns, "badhook", "ScriptExecuted", SI)
     assert cond and cond["status"] == "False" and cond["reason"] == "ScriptFailed"
     assert "ScriptFailed" in cluster.event_reasons(ns, "badhook")
+
+
+def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("cf", replicas=2, maxReplicas=6), ns)
+    running(cluster, ns, "cf")
+    # The next freeze of the scaler's plan and the next job status write both get a 409.
+    faults = cluster.emulator.store.faults
+    cluster.emulator.call(
+        lambda: faults.extend(
+            [("patch", "scaleouts/status", 409), ("patch", "trainingjobs/status", 409)]
+        )
+    )
+    cluster.create(scaleout("once-only", "cf", 1), ns)
+    st = settled(cluster, ns, SO, "once-only", "ScaleSucceeded")
+    assert faults == []  # both faults were hit
+    assert st["addPods"] == ["cf-worker-2"]
+    assert cluster.pods(ns, "cf", "worker") == ["cf-worker-0", "cf-worker-1", "cf-worker-2"]
+    assert cluster.status(ns, "cf")["lastWorkerIndex"] == 2
+    assert cluster.job(ns, "cf")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 3
+
+
+def test_worker_failure_during_a_scale(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("wfs", replicas=2, maxReplicas=5, workerRestartPolicy="Always"), ns)
+    running(cluster, ns, "wfs")
+    cluster.kubelet.held.add((ns, "wfs-worker-2"))
+    cluster.create(scaleout("mid", "wfs", 1, timeout=60), ns)
+    wait_for(lambda: cluster.phase(ns, "mid", SO) == "Scaling", 10)
+    cluster.kubelet.finish(ns, "wfs-worker-0", 1)
+    # Out of the host list at once and replaced, while the ScaleOut still waits.
+    wait_for(lambda: cluster.hosts(ns, "wfs") == ["wfs-worker-1", "wfs-worker-3"], 15)
+    assert cluster.phase(ns, "mid", SO) == "Scaling"
+    cluster.kubelet.release(ns, "wfs-worker-2")
+    settled(cluster, ns, SO, "mid", "ScaleSucceeded")
+    assert cluster.hosts(ns, "wfs") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
+    assert cluster.pods(ns, "wfs", "worker") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
