@@ -51,7 +51,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints))
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
-    log.info("etoperator started: %s", cfg.describe())
+    log.info("etoperator started %s", cfg.describe())
 
 
 @kopf.on.cleanup()
@@ -121,7 +121,7 @@ async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
     doomed = type != "DELETED" and bool(taints & rt.taint_keys)
     if doomed != (name in rt.tainted):
         if doomed:
-            log.warning("node %s is tainted for termination; its workers leave their jobs", name)
+            log.warning("Node tainted for termination node=%s (its workers leave their jobs)", name)
             rt.tainted.add(name)
         else:
             rt.tainted.discard(name)

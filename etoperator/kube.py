@@ -255,4 +255,6 @@ class Kube:
         try:
             self._call("POST", _path("Event", meta["namespace"]), body=event)
         except (ApiError, Conflict, AlreadyExists) as exc:
-            log.warning("could not post event %s on %s: %s", reason, meta.get("name"), exc)
+            log.warning(
+                "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"), exc
+            )

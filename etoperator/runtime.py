@@ -86,13 +86,15 @@ class Runtime:
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
                 metrics.RECONCILE_ERRORS.inc()
-                log.warning("reconcile of %s/%s failed (%s); again in %.1fs", *key, exc, delay)
+                log.warning(
+                    "Reconcile failed namespace=%s job=%s error=%s retry_in=%.1fs", *key, exc, delay
+                )
             except Exception:
                 # One bad job must never take the operator down: log, count, back off.
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
                 metrics.RECONCILE_ERRORS.inc()
-                log.exception("reconcile of %s/%s raised; again in %.1fs", *key, delay)
+                log.exception("Reconcile raised namespace=%s job=%s retry_in=%.1fs", *key, delay)
             if delay <= 0:  # the job is gone
                 self.tasks.pop(key, None)
                 self.kicks.pop(key, None)

@@ -250,7 +250,9 @@ class JobReconciler:
             try:
                 self.act(obs, inp, plan)
             except Conflict as exc:
-                log.info("job %s/%s changed during the pass (%s); again", namespace, name, exc)
+                log.info(
+                    "Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc
+                )
                 return 0.2
             return plan.requeue
 
@@ -320,7 +322,7 @@ class JobReconciler:
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             self.kube.create(obj)
-            log.info("Created %s %s/%s", kind, obj["metadata"]["namespace"], name)
+            log.info("Created %s namespace=%s name=%s", kind, obj["metadata"]["namespace"], name)
             return []
         except AlreadyExists:
             existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
@@ -426,7 +428,7 @@ class JobReconciler:
                 sub="status",
             )
         for ev in plan.events:
-            log.info("%s %s/%s: %s", ev.reason, ns, name, ev.message)
+            log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
             self.kube.event(job, ev.type, ev.reason, ev.message, self.clock())
             if ev.reason == "WorkerLost":
                 metrics.WORKERS_LOST.inc()
@@ -448,12 +450,14 @@ class JobReconciler:
             if (obs.configmap.get("data") or {}) != data:
                 self.kube.patch("ConfigMap", ns, naming.config_map_name(name), {"data": data})
                 metrics.HOST_UPDATES.inc()
-                log.info("Updated host list of %s/%s: %s", ns, name, ", ".join(plan.hosts))
+                log.info(
+                    "Updated host list namespace=%s job=%s hosts=%s", ns, name, ",".join(plan.hosts)
+                )
         by_name = {p["metadata"]["name"]: p for p in obs.pods}
         for pod_name in plan.delete_pods:
             pod = by_name.get(pod_name)
             if self.kube.delete("Pod", ns, pod_name, (pod or {}).get("metadata", {}).get("uid")):
-                log.info("Deleted Pod %s/%s", ns, pod_name)
+                log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
         secret = spec.ssh_secret or naming.secret_name(name)
         has_config = self._secret_has_config(spec, secret)
         problems: list[str] = []
@@ -515,8 +519,10 @@ class JobReconciler:
         ns, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
         for key, argv, timeout in plan.run_scripts:
             code, output = self.kube.exec_in_pod(ns, naming.launcher_name(name), argv, timeout + 5)
-            log.info("scaler %s/%s script exited %s", ns, key[1], code)
-            log.debug("scaler %s/%s script output: %s", ns, key[1], output[-2000:])
+            log.info("Scaler script ran namespace=%s scaler=%s exit_code=%s", ns, key[1], code)
+            log.debug(
+                "Scaler script output namespace=%s scaler=%s output=%r", ns, key[1], output[-2000:]
+            )
             scaler = self.kube.get(key[0], ns, key[1])
             if scaler is None:
                 continue

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
-import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -163,25 +164,40 @@ def test_discovery_script_sees_changes_within_two_seconds(
     cluster.create(job("disc", replicas=3), ns)
     running(cluster, ns, "disc", 3)
     cm = cluster.api.get("ConfigMap", ns, "disc-config")
-    script = tmp_path / "discover_hosts.sh"
-    script.write_text(cm["data"]["discover_hosts.sh"])
-    script.chmod(0o755)
-    (tmp_path / "hostfile").write_text(cm["data"]["hostfile"])
-    sa = tmp_path / "sa"
-    sa.mkdir()
+    # Laid out as the launcher's ConfigMap volume lays it out (same modes), and run by a
+    # non-root user, as a launcher image may well do.
+    pod = cluster.api.get("Pod", ns, "disc-launcher")
+    volume = next(v for v in pod["spec"]["volumes"] if "configMap" in v)
+    etc = Path(tempfile.mkdtemp(prefix="etoperator-edl-"))
+    etc.chmod(0o755)
+    for item in volume["configMap"]["items"]:
+        (etc / item["path"]).write_text(cm["data"][item["key"]])
+        (etc / item["path"]).chmod(item["mode"])
+    script = etc / "discover_hosts.sh"
+    sa = etc / "sa"
+    sa.mkdir(mode=0o755)
     (sa / "token").write_text("launcher-token")
     (sa / "ca.crt").write_bytes(Path(cluster.emulator.ca).read_bytes())
+    for f in sa.iterdir():
+        f.chmod(0o644)
+    cache = etc / "tmp"
+    cache.mkdir()
+    cache.chmod(0o1777)
     env = {
-        **os.environ,
+        "PATH": "/usr/bin:/bin",
         "KUBERNETES_SERVICE_HOST": cluster.emulator.host,
         "KUBERNETES_SERVICE_PORT": str(cluster.emulator.port),
         "ETOPERATOR_SA_DIR": str(sa),
-        "TMPDIR": str(tmp_path),
+        "TMPDIR": str(cache),
     }
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
     def discover() -> list[str]:
-        out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=10)
+        out = subprocess.run(
+            [*nobody, str(script)], capture_output=True, text=True, env=env, timeout=10
+        )
         assert out.returncode == 0, out.stderr
+        assert "live read failed" not in out.stderr or env["KUBERNETES_SERVICE_PORT"] == "1"
         return [line.split(":")[0] for line in out.stdout.splitlines()]
 
     assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
@@ -197,3 +213,4 @@ def test_discovery_script_sees_changes_within_two_seconds(
     # API server unreachable: the last list it read, never an empty or stale-mounted one.
     env["KUBERNETES_SERVICE_PORT"] = "1"
     assert discover() == ["disc-worker-0", "disc-worker-2"]
+    shutil.rmtree(etc)

@@ -275,7 +275,8 @@ def test_kubectl_scale_up_and_down(cluster: Cluster, ns: str) -> None:
         "scaled to 3",
     )
     outs = [s for s in cluster.api.list(SO, ns) if s["metadata"]["name"].startswith("ks-")]
-    assert len(outs) == 1 and outs[0]["status"]["phase"] == "ScaleSucceeded"
+    assert len(outs) == 1
+    settled(cluster, ns, SO, outs[0]["metadata"]["name"], "ScaleSucceeded")
     cluster.kubectl("scale", "trainingjob", "ks", "-n", ns, "--replicas", "1")
     wait_for(lambda: cluster.hosts(ns, "ks") == ["ks-worker-0"], 20, "scaled to 1")
     ins = cluster.api.list(SI, ns)
