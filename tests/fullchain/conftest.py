@@ -13,6 +13,8 @@ from tests.emulator.server import Emulator
 from tests.fullchain.process_kubelet import ProcessKubelet
 from tests.harness import ROOT, Cluster, start_cluster
 
+SSH_PORT = 2022  # the pods' sshd port (ssh finds it through the per-pod `Host` blocks)
+
 
 def _why_not() -> str | None:
     venv_bin = Path(sys.executable).parent
@@ -27,9 +29,9 @@ def _why_not() -> str | None:
         return "sshd is missing: run `make setup`"
     with socket.socket() as s:
         try:
-            s.bind(("127.20.255.254", 22))
+            s.bind(("127.20.255.254", SSH_PORT))
         except OSError as exc:
-            return f"cannot bind loopback addresses on port 22 ({exc}); is an sshd on 0.0.0.0:22?"
+            return f"cannot bind loopback addresses on port {SSH_PORT} ({exc})"
     return None
 
 
@@ -44,7 +46,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return ProcessKubelet(
             e,
             tmp / "pods",
-            ssh_port=22,
+            ssh_port=SSH_PORT,
+            sshd_port=SSH_PORT,
             repo=ROOT,
             venv_bin=Path(sys.executable).parent,
             api_host=e.host,
@@ -52,7 +55,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             ca=Path(e.ca),
         )
 
-    c = start_cluster(tmp, kubelet, 22)
+    c = start_cluster(tmp, kubelet, SSH_PORT)
     try:
         yield c
     finally:

@@ -4,10 +4,12 @@ What it maps, per pod:
   - processes: the container command (+ args) runs under `unshare --mount --pid`, so the pod
     has its own process table (`/proc`) and all of its processes die with it, as in a container;
   - network: the pod's IP is a loopback address of its own (127.20.x.y). A container whose
-    command is sshd gets `-o ListenAddress=<podIP>:22 -o PidFile=none` added, since every pod
+    command is sshd gets `-o ListenAddress=<podIP>:<port> -o PidFile=none` added, since every pod
     shares the machine's network stack;
   - name resolution: "cluster DNS" for ssh: every pod's /root/.ssh/config starts with one
-    `Host <pod> / HostName <podIP>` block per pod of its namespace, kept current as pods come
+    `Host <pod> / HostName <podIP> / Port <port>` block per pod of its namespace (the port is
+    2022 by default, so that an sshd of the machine's own on *:22 does not get in the way),
+    kept current as pods come
     and go (Horovod reaches hosts over ssh; its own traffic uses the `lo` interface);
   - volumes: Secret and ConfigMap volumes (items, modes) are written to per-pod directories
     and bind-mounted at their mountPath; the service-account token, CA and namespace at
@@ -65,7 +67,7 @@ class ProcessKubelet(SimKubelet):
     ca: Path = Path(".")
     ssh_dirs: dict[tuple[str, str], tuple[Path, bytes]] = field(default_factory=dict)
     logs: dict[tuple[str, str], Path] = field(default_factory=dict)
-    sshd_port: int = 22
+    sshd_port: int = 2022
     envs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
 
     def next_ip(self) -> str:
@@ -105,7 +107,7 @@ class ProcessKubelet(SimKubelet):
     def _write_dns(self, ns: str) -> None:
         """Every pod of the namespace as a `Host` block, ahead of the Secret's own config."""
         hosts = "".join(
-            f"Host {name}\n    HostName {ip}\n"
+            f"Host {name}\n    HostName {ip}\n    Port {self.sshd_port}\n"
             for (pns, name), ip in sorted(self.ips.items())
             if pns == ns and (pns, name) in self.procs
         )
