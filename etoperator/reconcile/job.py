@@ -31,7 +31,7 @@ from etoperator.builders import config, pods, rbac, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, PodView, ScalerView, plan_job, plan_orphan_scaler
-from etoperator.sshcheck import SSHProber, SSHUnavailable, load_key
+from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,9 @@ class JobReconciler:
             draining = pname in victims or bool(_leaving(p, tainted))
             if draining and pname not in published and key is not None:
                 probes[pname] = self._pool.submit(self.prober.horovod_running, ip, key, pname)
+            elif draining and pname not in published and not self.ssh_checks:
+                # No network path to the pods: ask through the API server instead.
+                probes[pname] = self._pool.submit(self.exec_busy, p["metadata"]["namespace"], pname)
             elif pname not in hosts and pname not in victims and key is not None:
                 probes[pname] = self._pool.submit(self.prober.ready, ip, key)
         views = []
@@ -196,6 +199,11 @@ class JobReconciler:
                 )
             )
         return views
+
+    def exec_busy(self, namespace: str, pod: str) -> bool | None:
+        """The drain check of sshcheck.busy_script, run through pods/exec."""
+        code, out = self.kube.exec_in_pod(namespace, pod, ["sh", "-c", busy_script(pod)], 10)
+        return out.strip() == "busy" if code == 0 else None
 
     @staticmethod
     def scaler_views(obs: Observed) -> list[ScalerView]:
