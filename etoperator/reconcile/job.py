@@ -142,22 +142,23 @@ class JobReconciler:
         key = None
         if obs.spec is not None and self.ssh_checks:
             key = self._key(obs.spec, obs.spec.ssh_secret or naming.secret_name(name))
+        leaving = {
+            p["metadata"]["name"]: _leaving(p, tainted)
+            for p in obs.pods
+            if p["metadata"]["labels"].get(naming.LABEL_ROLE) == naming.ROLE_WORKER
+        }
         probes: dict[str, concurrent.futures.Future[bool | None]] = {}
         for p in obs.pods:
             pname = p["metadata"]["name"]
             ip = (p.get("status") or {}).get("podIP")
             running = (p.get("status") or {}).get("phase") == "Running"
-            if not running or p["metadata"].get("deletionTimestamp") or not ip:
+            if pname not in leaving or not running or p["metadata"].get("deletionTimestamp"):
                 continue
-            if p["metadata"]["labels"].get(naming.LABEL_ROLE) != naming.ROLE_WORKER:
-                continue
-            draining = pname in victims or bool(_leaving(p, tainted))
-            if draining and pname not in published and key is not None:
-                probes[pname] = self._pool.submit(self.prober.horovod_running, ip, key, pname)
-            elif draining and pname not in published and not self.ssh_checks:
-                # No network path to the pods: ask through the API server instead.
-                probes[pname] = self._pool.submit(self.exec_busy, p["metadata"]["namespace"], pname)
-            elif pname not in hosts and pname not in victims and key is not None:
+            if pname in victims or leaving[pname]:
+                # Draining: once Horovod can no longer see it, ask whether it has left it.
+                if pname not in published:
+                    probes[pname] = self._pool.submit(self.horovod_on, obs.spec, pname, ip, key)
+            elif pname not in hosts and key is not None and ip:
                 probes[pname] = self._pool.submit(self.prober.ready, ip, key)
         views = []
         for p in obs.pods:
@@ -168,20 +169,14 @@ class JobReconciler:
             phase = pst.get("phase") or "Pending"
             code, term_reason = _container_exit(p)
             running = phase == "Running" and not meta.get("deletionTimestamp")
-            if role == naming.ROLE_WORKER:
-                if not self.ssh_checks or pname in hosts:
-                    ready = running
-                else:
-                    ready = (
-                        running
-                        and pname not in victims
-                        and bool(pname in probes and probes[pname].result())
-                    )
-            else:
-                ready = running
-            leaving = _leaving(p, tainted) if role == naming.ROLE_WORKER else ""
-            drain_checked = pname in probes and (pname in victims or bool(leaving))
-            busy = probes[pname].result() if drain_checked else None
+            draining = pname in victims or bool(leaving.get(pname))
+            busy = probes[pname].result() if draining and pname in probes else None
+            if role != naming.ROLE_WORKER or not self.ssh_checks or pname in hosts:
+                ready = running and not draining
+            else:  # a new worker: ready once its sshd accepts the job's key
+                ready = (
+                    running and not draining and bool(pname in probes and probes[pname].result())
+                )
             run = meta.get("annotations", {}).get(ANN_RUN)
             views.append(
                 PodView(
@@ -194,15 +189,22 @@ class JobReconciler:
                     exit_code=code,
                     reason=str(pst.get("reason") or term_reason),
                     run=int(run) if run is not None and str(run).isdigit() else None,
-                    leaving=_leaving(p, tainted) if role == naming.ROLE_WORKER else "",
+                    leaving=leaving.get(pname, ""),
                     busy=busy,
                 )
             )
         return views
 
-    def exec_busy(self, namespace: str, pod: str) -> bool | None:
-        """The drain check of sshcheck.busy_script, run through pods/exec."""
-        code, out = self.kube.exec_in_pod(namespace, pod, ["sh", "-c", busy_script(pod)], 10)
+    def horovod_on(
+        self, spec: JobSpec | None, pod: str, ip: str | None, key: paramiko.PKey | None
+    ) -> bool | None:
+        """Does a Horovod process still run on `pod`? Over SSH, or through pods/exec when the
+        operator has no network path to pods; None when it cannot tell."""
+        if key is not None and ip:
+            return self.prober.horovod_running(ip, key, pod)
+        if self.ssh_checks or spec is None:
+            return None
+        code, out = self.kube.exec_in_pod(spec.namespace, pod, ["sh", "-c", busy_script(pod)], 10)
         return out.strip() == "busy" if code == 0 else None
 
     @staticmethod
