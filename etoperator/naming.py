@@ -28,6 +28,8 @@ ANN_SUSPENDED = "job-supervisor.kube-ai.io/job-suspended"
 ANN_SSH_SECRET = "arena.kubeflow.org/ssh-secret"
 # Our own prefix, for kopf's bookkeeping and for marks on children.
 ANN_PREFIX = "etoperator.kai.alibabacloud.com"
+# The run (restartCount) a launcher was created for.
+ANN_RUN = f"{ANN_PREFIX}/run"
 # Set on scalers the operator creates for `kubectl scale`.
 ANN_SCALE_GENERATION = f"{ANN_PREFIX}/replicas-generation"
 

@@ -754,6 +754,7 @@ class _Planner:
             {
                 "kind": kind,
                 "name": f"{job.name}-replicas-{self.inp.generation}",
+                "generation": self.inp.generation,
                 "spec": body,
             }
         )

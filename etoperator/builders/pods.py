@@ -107,8 +107,10 @@ def worker_pod(
 
 
 def launcher_pod(
-    job: JobSpec, owner: Owner, secret: str, secret_has_config: bool, service_account: str
+    job: JobSpec, owner: Owner, secret: str, secret_has_config: bool, run: int
 ) -> dict[str, Any]:
+    """The launcher of run `run` (the job's restartCount): the run is stamped on the pod so a
+    launcher left over from an earlier run is never taken for the current one."""
     spec = _with_volumes(
         job.launcher.template,
         [_ssh_volume(secret, secret_has_config), _config_volume(job.name)],
@@ -117,14 +119,14 @@ def launcher_pod(
             {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
         ],
     )
-    spec["serviceAccountName"] = service_account
+    spec["serviceAccountName"] = launcher_service_account(job, job.launcher.template)
     # The discovery script reads the live host list with this account's token.
     spec["automountServiceAccountToken"] = True
     env = spec["containers"][0].setdefault("env", [])
     ours = {"ETOPERATOR_JOB": job.name, "ETOPERATOR_NAMESPACE": job.namespace}
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
-    return _pod(
+    pod = _pod(
         naming.launcher_name(job.name),
         job,
         owner,
@@ -132,6 +134,8 @@ def launcher_pod(
         naming.launcher_labels(job.name),
         spec,
     )
+    pod["metadata"].setdefault("annotations", {})[naming.ANN_RUN] = str(run)
+    return pod
 
 
 def launcher_service_account(job: JobSpec, template: dict[str, Any]) -> str:

@@ -35,7 +35,6 @@ from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 
 log = logging.getLogger(__name__)
 
-ANN_RUN = f"{naming.ANN_PREFIX}/run"
 SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
 
 
@@ -177,7 +176,7 @@ class JobReconciler:
                 ready = (
                     running and not draining and bool(pname in probes and probes[pname].result())
                 )
-            run = meta.get("annotations", {}).get(ANN_RUN)
+            run = meta.get("annotations", {}).get(naming.ANN_RUN)
             views.append(
                 PodView(
                     name=pname,
@@ -484,14 +483,8 @@ class JobReconciler:
             problems += self.ensure(obs, pods.worker_pod(spec, owner, index, secret, has_config))
         if plan.create_launcher:
             launcher = pods.launcher_pod(
-                spec,
-                owner,
-                secret,
-                has_config,
-                pods.launcher_service_account(spec, spec.launcher.template),
+                spec, owner, secret, has_config, int(plan.status.get("restartCount", 0))
             )
-            run = str(plan.status.get("restartCount", 0))
-            launcher["metadata"].setdefault("annotations", {})[ANN_RUN] = run
             problems += self.ensure(obs, launcher)
         for wanted in plan.create_scalers:
             body = {
@@ -501,9 +494,7 @@ class JobReconciler:
                     "name": wanted["name"],
                     "namespace": ns,
                     "labels": naming.job_labels(name),
-                    "annotations": {
-                        naming.ANN_SCALE_GENERATION: str(wanted["name"].rsplit("-", 1)[-1])
-                    },
+                    "annotations": {naming.ANN_SCALE_GENERATION: str(wanted["generation"])},
                     "ownerReferences": [owner.reference()],
                 },
                 "spec": wanted["spec"],

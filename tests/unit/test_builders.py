@@ -78,7 +78,8 @@ def test_worker_keeps_its_own_command() -> None:
 
 def test_launcher_pod_mounts_and_modes() -> None:
     s = spec()
-    pod = pods.launcher_pod(s, OWNER, "j", True, "j-launcher")
+    pod = pods.launcher_pod(s, OWNER, "j", True, 3)
+    assert pod["metadata"]["annotations"][naming.ANN_RUN] == "3"
     assert pod["metadata"]["name"] == "j-launcher"
     assert pod["metadata"]["labels"]["training-job-role"] == "launcher"
     assert pod["spec"]["serviceAccountName"] == "j-launcher"
