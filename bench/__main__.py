@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from tests.harness import OPERATOR_TOKEN, ROOT, Cluster, start_cluster, wait_for
@@ -69,6 +70,14 @@ def discover(c: Cluster, ns: str, name: str, tmp: Path) -> Callable[[], list[str
     return run
 
 
+def gone(name: str, listing: Callable[[], list[str]]) -> bool:
+    return name not in listing()
+
+
+def added(before: set[str], listing: Callable[[], list[str]]) -> set[str]:
+    return set(listing()) - before
+
+
 def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
     c = cluster(tmp)
     try:
@@ -76,12 +85,14 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
         c.create(job("b", replicas=3, maxReplicas=64, workerRestartPolicy="Always"), ns)
         wait_for(lambda: c.phase(ns, "b") == "Running", 60)
         disc = discover(c, ns, "b", tmp)
+        hosts = partial(c.hosts, ns, "b")
+        workers = partial(c.pods, ns, "b", "worker")
         p1: list[float] = []
         for _ in range(rounds):
             victim = c.hosts(ns, "b")[0]
             t0 = time.monotonic()
             c.kubelet.finish(ns, victim, 1)
-            wait_for(lambda v=victim: v not in disc(), 30, interval=0.01)
+            wait_for(partial(gone, victim, disc), 30, interval=0.01)
             p1.append(time.monotonic() - t0)
             wait_for(lambda: len(c.hosts(ns, "b")) == 3, 30)
         p2_raw: list[float] = []
@@ -92,7 +103,7 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
             before = set(c.hosts(ns, "b"))
             t0 = time.monotonic()
             c.create(scaleout(f"so-{i}", "b", 1), ns)
-            new = wait_for(lambda b=before: set(c.hosts(ns, "b")) - b, 30, interval=0.01)
+            new = wait_for(partial(added, before, hosts), 30, interval=0.01)
             t_list = time.monotonic()
             (name,) = new
             pod = c.api.get("Pod", ns, name)
@@ -102,10 +113,10 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
             assert pod is not None
             t0 = time.monotonic()
             c.create(scalein(f"si-{i}", "b", pod_names=[name]), ns)
-            wait_for(lambda n=name: n not in c.hosts(ns, "b"), 30, interval=0.01)
+            wait_for(partial(gone, name, hosts), 30, interval=0.01)
             t_out = time.monotonic()
             p3_out.append(t_out - t0)
-            wait_for(lambda n=name: n not in c.pods(ns, "b", "worker"), 30, interval=0.01)
+            wait_for(partial(gone, name, workers), 30, interval=0.01)
             p3_del.append(time.monotonic() - t_out)
         return [
             ("P1", "worker set change -> discover_hosts.sh prints it", fmt(p1), "<= 1 s"),

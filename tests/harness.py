@@ -33,15 +33,16 @@ def wait_for(
 ) -> T:
     """Poll `fn` until it returns something truthy; fail with the last value after `timeout`."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = fn()
+            value = fn()
         except (kube.ApiError, KeyError, IndexError, TypeError) as exc:
             last = exc
         else:
-            if last:
-                return last
+            if value:
+                return value
+            last = value
         if time.monotonic() > deadline:
             raise Timeout(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
         time.sleep(interval)
@@ -192,6 +193,12 @@ class Cluster:
         return name
 
     # -- reading the world ----------------------------------------------------------------
+
+    def obj(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        """An object that must exist."""
+        got = self.api.get(kind, ns, name)
+        assert got is not None, f"{kind} {ns}/{name} is gone"
+        return got
 
     def job(self, ns: str, name: str) -> dict[str, Any]:
         obj = self.api.get(naming.JOB_KIND, ns, name)

@@ -179,7 +179,7 @@ class SimKubelet:
                 proc.wait()
 
     def _current(self, key: tuple[str, str], uid: str) -> dict[str, Any] | None:
-        obj = self.store.objects[("", "pods")].get(key)
+        obj: dict[str, Any] | None = self.store.objects[("", "pods")].get(key)
         if obj is None or obj["metadata"]["uid"] != uid or obj["metadata"].get("deletionTimestamp"):
             return None
         return obj

@@ -45,7 +45,7 @@ class Training:
 class Scenario:
     kubectl: Callable[..., subprocess.CompletedProcess[str]]  # already bound to the namespace
     launcher_log: Callable[[], str]
-    kill_worker: Callable[[str], None]
+    kill_worker: Callable[[str], object]
     hosts: Callable[[], list[str]]
     phase: Callable[[], str]
     slow: float = 1.0  # timeout multiplier (real clusters pull images, schedule pods...)
@@ -59,6 +59,7 @@ class Scenario:
             f"training at size {size} after {what}",
             interval=0.2,
         )
+        assert t is not None
         print(f"{what}: first training step at size {size} after {t - t0:.2f}s")
         return t - t0
 

@@ -12,6 +12,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -48,9 +49,11 @@ def test_elastic_training_on_a_real_cluster(kube: tuple[str, str]) -> None:
             timeout=120,
         )
 
-    def status() -> dict:
+    def status() -> dict[str, Any]:
         out = kubectl("get", "trainingjob", JOB, "-o", "json", check=False)
-        return json.loads(out.stdout).get("status", {}) if out.returncode == 0 else {}
+        if out.returncode != 0:
+            return {}
+        return dict(json.loads(out.stdout).get("status") or {})
 
     Scenario(
         kubectl=kubectl,

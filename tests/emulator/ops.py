@@ -38,6 +38,14 @@ _SET = re.compile(r"^([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)$")
 _EQ = re.compile(r"^([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)$")
 
 
+def _in(key: str, values: set[str], inside: bool) -> Callable[[dict[str, str]], bool]:
+    return lambda labels: (labels.get(key) in values) == inside
+
+
+def _has(key: str, present: bool) -> Callable[[dict[str, str]], bool]:
+    return lambda labels: (key in labels) == present
+
+
 def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
     """A predicate over labels; ValueError on a malformed selector."""
     if not selector:
@@ -46,20 +54,14 @@ def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
     for term in _split_top(selector):
         if m := _SET.match(term):
             key, op, values = m.group(1), m.group(2), {v.strip() for v in m.group(3).split(",")}
-            if op == "in":
-                tests.append(lambda l, k=key, vs=values: l.get(k) in vs)
-            else:
-                tests.append(lambda l, k=key, vs=values: l.get(k) not in vs)
+            tests.append(_in(key, values, op == "in"))
         elif m := _EQ.match(term):
             key, op, value = m.groups()
-            if op == "!=":
-                tests.append(lambda l, k=key, v=value: l.get(k) != v)
-            else:
-                tests.append(lambda l, k=key, v=value: l.get(k) == v)
+            tests.append(_in(key, {value}, op != "!="))
         elif re.match(r"^![\w./-]+$", term):
-            tests.append(lambda l, k=term[1:]: k not in l)
+            tests.append(_has(term[1:], False))
         elif re.match(r"^[\w./-]+$", term):
-            tests.append(lambda l, k=term: k in l)
+            tests.append(_has(term, True))
         else:
             raise ValueError(f"unable to parse requirement: {term!r}")
     return lambda labels: all(t(labels) for t in tests)

@@ -11,7 +11,7 @@ import copy
 import re
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 
 Schema = dict[str, Any]
 
@@ -151,7 +151,7 @@ def eval_cel(rule: str, value: Any) -> bool:
 
 
 def _cel(obj: Any, schema: Schema, path: str) -> list[str]:
-    problems = []
+    problems: list[str] = []
     if obj is None:
         return problems
     for rule in schema.get("x-kubernetes-validations") or []:

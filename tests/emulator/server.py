@@ -179,6 +179,11 @@ def _age(ts: str | None) -> str:
     return f"{s // 86400}d"
 
 
+def _spec_of(obj: dict[str, Any]) -> dict[str, Any]:
+    """What counts for `generation`: everything but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
 def _jsonpath(obj: Any, path: str) -> Any:
     cur = obj
     for part in [p for p in path.split(".") if p]:
@@ -461,10 +466,7 @@ class Store:
                 new["metadata"].pop(k, None)
         new["apiVersion"], new["kind"] = res.api_version, res.kind
         new = self._admit(res, new, old)
-        spec_of = lambda o: {
-            k: v for k, v in o.items() if k not in ("metadata", "status", "apiVersion", "kind")
-        }
-        if spec_of(new) != spec_of(old):
+        if _spec_of(new) != _spec_of(old):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
             return old  # a no-op write keeps the resourceVersion, as the real server does
@@ -729,7 +731,7 @@ class Emulator:
         await site.start()
         server = site._server
         assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
 
     def stop(self) -> None:
         async def _stop() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import ssl
 import subprocess
@@ -17,6 +18,8 @@ from etoperator import kube
 from tests.emulator.server import Emulator
 from tests.harness import ROOT, wait_for
 from tests.integration.jobs import job
+
+Emu = tuple[Emulator, kube.Kube, Path]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def cm(name: str, labels: dict[str, str] | None = None, **data: str) -> dict[str
     }
 
 
-def test_discovery(emu) -> None:
+def test_discovery(emu: Emu) -> None:
     e, _, _ = emu
     assert raw(e, "GET", "/version")[1]["major"] == "1"
     groups = {g["name"] for g in raw(e, "GET", "/apis")[1]["groups"]}
@@ -69,7 +72,7 @@ def test_discovery(emu) -> None:
     assert {"trainingjobs/status", "trainingjobs/scale", "scaleins/status"} <= set(names)
 
 
-def test_metadata_and_conflicts(emu) -> None:
+def test_metadata_and_conflicts(emu: Emu) -> None:
     e, api, _ = emu
     obj = api.create(cm("c1", a="1"))
     meta = obj["metadata"]
@@ -89,7 +92,7 @@ def test_metadata_and_conflicts(emu) -> None:
     assert gen["metadata"]["name"].startswith("gen-") and len(gen["metadata"]["name"]) == 9
 
 
-def test_json_patch_test_failure_is_422(emu) -> None:
+def test_json_patch_test_failure_is_422(emu: Emu) -> None:
     e, api, _ = emu
     api.create(cm("c2", a="1"))
     code, body = raw(
@@ -116,7 +119,7 @@ def test_json_patch_test_failure_is_422(emu) -> None:
     assert code == 200
 
 
-def test_strategic_merge_by_name(emu) -> None:
+def test_strategic_merge_by_name(emu: Emu) -> None:
     e, api, _ = emu
     pod = {
         "apiVersion": "v1",
@@ -135,12 +138,15 @@ def test_strategic_merge_by_name(emu) -> None:
     assert [(c["name"], c["image"]) for c in out["spec"]["containers"]] == [("a", "1"), ("b", "2")]
 
 
-def test_selectors(emu) -> None:
+def test_selectors(emu: Emu) -> None:
     _, api, _ = emu
     api.create(cm("s1", {"app": "x", "tier": "a"}))
     api.create(cm("s2", {"app": "x", "tier": "b"}))
     api.create(cm("s3", {"app": "y"}))
-    names = lambda sel: sorted(o["metadata"]["name"] for o in api.list("ConfigMap", "default", sel))
+
+    def names(sel: str) -> list[str]:
+        return sorted(o["metadata"]["name"] for o in api.list("ConfigMap", "default", sel))
+
     assert names("app=x") == ["s1", "s2"]
     assert names("app=x,tier!=a") == ["s2"]
     assert names("tier in (a,b)") == ["s1", "s2"]
@@ -153,7 +159,7 @@ def test_selectors(emu) -> None:
     assert [o["metadata"]["name"] for o in ev["items"]] == ["s3"]
 
 
-def test_status_subresource_and_schema(emu) -> None:
+def test_status_subresource_and_schema(emu: Emu) -> None:
     _, api, _ = emu
     body = job("sj")
     body["metadata"]["namespace"] = "default"
@@ -174,7 +180,7 @@ def test_status_subresource_and_schema(emu) -> None:
     assert err.value.status == 422
 
 
-def test_scale_subresource(emu) -> None:
+def test_scale_subresource(emu: Emu) -> None:
     e, api, _ = emu
     body = job("sc", maxReplicas=5)
     body["metadata"]["namespace"] = "default"
@@ -191,9 +197,8 @@ def test_scale_subresource(emu) -> None:
         ctype="application/merge-patch+json",
     )
     assert code == 200
-    assert (
-        api.get("TrainingJob", "default", "sc")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
-    )
+    scaled = api.get("TrainingJob", "default", "sc")
+    assert scaled is not None and scaled["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
 
 
 def watch_lines(e: Emulator, path: str, stop_after: int) -> list[dict[str, Any]]:
@@ -207,7 +212,7 @@ def watch_lines(e: Emulator, path: str, stop_after: int) -> list[dict[str, Any]]
     return out
 
 
-def test_watch_resume_bookmarks_and_timeout(emu) -> None:
+def test_watch_resume_bookmarks_and_timeout(emu: Emu) -> None:
     e, api, _ = emu
     first = api.create(cm("w1", {"w": "1"}))
     rv = first["metadata"]["resourceVersion"]
@@ -242,7 +247,7 @@ def test_watch_resume_bookmarks_and_timeout(emu) -> None:
     )
 
 
-def test_live_watch_sees_changes(emu) -> None:
+def test_live_watch_sees_changes(emu: Emu) -> None:
     e, api, _ = emu
     got: list[dict[str, Any]] = []
     t = threading.Thread(
@@ -263,7 +268,7 @@ def test_live_watch_sees_changes(emu) -> None:
     assert [g["type"] for g in got] == ["ADDED", "DELETED"]
 
 
-def test_finalizers_and_garbage_collection(emu) -> None:
+def test_finalizers_and_garbage_collection(emu: Emu) -> None:
     _, api, _ = emu
     owner = api.create(cm("owner"))
     ref = {
@@ -287,7 +292,7 @@ def test_finalizers_and_garbage_collection(emu) -> None:
     assert api.get("ConfigMap", "default", "held") is None
 
 
-def test_delete_collection(emu) -> None:
+def test_delete_collection(emu: Emu) -> None:
     e, api, _ = emu
     for n in ("d1", "d2"):
         api.create(cm(n, {"coll": "1"}))
@@ -295,7 +300,7 @@ def test_delete_collection(emu) -> None:
     assert code == 200 and api.list("ConfigMap", "default", "coll=1") == []
 
 
-def test_events_and_tables_through_kubectl(emu) -> None:
+def test_events_and_tables_through_kubectl(emu: Emu) -> None:
     e, api, kc = emu
     body = job("tbl")
     body["metadata"]["namespace"] = "default"
@@ -307,17 +312,13 @@ def test_events_and_tables_through_kubectl(emu) -> None:
         {"status": {"phase": "Running", "replicas": 2}},
         sub="status",
     )
-    api.event(
-        obj, "Warning", "Testing", "an event for describe", __import__("datetime").datetime.now()
-    )
-    run = lambda *a: (
-        subprocess.run(
-            ["kubectl", "--kubeconfig", str(kc), *a],
-            capture_output=True,
-            text=True,
-            check=True,
+    api.event(obj, "Warning", "Testing", "an event for describe", datetime.datetime.now())
+
+    def run(*a: str) -> str:
+        return subprocess.run(
+            ["kubectl", "--kubeconfig", str(kc), *a], capture_output=True, text=True, check=True
         ).stdout
-    )
+
     table = run("get", "tj", "tbl")
     header, row = table.splitlines()[:2]
     assert header.split() == ["NAME", "PHASE", "WORKERS", "TARGET", "AGE"]
@@ -328,7 +329,7 @@ def test_events_and_tables_through_kubectl(emu) -> None:
     assert api.get("TrainingJob", "default", "tbl") is None
 
 
-def test_dependent_created_after_its_owner_is_collected(emu) -> None:
+def test_dependent_created_after_its_owner_is_collected(emu: Emu) -> None:
     _, api, _ = emu
     late = cm("late")
     late["metadata"]["ownerReferences"] = [

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from tests.fullchain.process_kubelet import ProcessKubelet
 from tests.harness import ROOT, Cluster, wait_for
 from tests.scenario import JOB, STEPS, Scenario, Training
 
@@ -17,17 +19,18 @@ pytestmark = pytest.mark.fullchain
 
 def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> None:
     c = chain
+    kubelet = cast(ProcessKubelet, c.kubelet)
     ns = c.new_namespace()
     launcher = (ns, f"{JOB}-launcher")
 
     def launcher_log() -> str:
-        path = c.kubelet.logs.get(launcher)
+        path = kubelet.logs.get(launcher)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
     scenario = Scenario(
         kubectl=lambda *a, **kw: c.kubectl("-n", ns, *a, **kw),
         launcher_log=launcher_log,
-        kill_worker=lambda name: c.kubelet.crash(ns, name),  # type: ignore[attr-defined]
+        kill_worker=lambda name: kubelet.crash(ns, name),
         hosts=lambda: c.hosts(ns, JOB),
         phase=lambda: c.phase(ns, JOB),
     )
@@ -47,6 +50,7 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     """A worker that gets a DisruptionTarget notice leaves the host list before it dies, so
     Horovod shrinks at its next commit and no committed-then-lost step is ever repeated."""
     c = chain
+    kubelet = cast(ProcessKubelet, c.kubelet)
     ns = c.new_namespace()
     c.kubectl(
         "-n", ns, "create", "--validate=false", "-f", str(ROOT / "examples/training_job.yaml")
@@ -54,7 +58,7 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     launcher = (ns, f"{JOB}-launcher")
 
     def launcher_log() -> str:
-        path = c.kubelet.logs.get(launcher)
+        path = kubelet.logs.get(launcher)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
     tr = Training(launcher_log)
@@ -69,10 +73,12 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     c.kubelet.disrupt(ns, victim)
     wait_for(lambda: victim not in c.hosts(ns, JOB), 5, "the noticed worker out of the list")
     wait_for(lambda: tr.first_step_at(1, t0), 60, "training on 1 worker", interval=0.2)
-    print(f"preemption notice: first step at size 1 after {tr.first_step_at(1, t0) - t0:.2f}s")
+    shrunk = tr.first_step_at(1, t0)
+    assert shrunk is not None
+    print(f"preemption notice: first step at size 1 after {shrunk - t0:.2f}s")
     # The node goes away after its notice (unless the operator already deleted the drained pod).
-    if (ns, victim) in c.kubelet.procs:
-        c.kubelet.crash(ns, victim)
+    if (ns, victim) in kubelet.procs:
+        kubelet.crash(ns, victim)
     wait_for(lambda: c.phase(ns, JOB) == "Succeeded", 240, "the job to succeed", interval=0.5)
     steps = [s for s, *_ in tr.read().steps]
     after = [s for s, _, _, t in tr.steps if t >= t0]

@@ -57,7 +57,7 @@ def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     cluster.kubelet.held.add((ns, "gate-worker-1"))
     cluster.create(job("gate"), ns)
     wait_for(lambda: cluster.pods(ns, "gate", "worker") == ["gate-worker-0", "gate-worker-1"])
-    wait_for(lambda: cluster.api.get("Pod", ns, "gate-worker-0")["status"]["phase"] == "Running")
+    wait_for(lambda: cluster.obj("Pod", ns, "gate-worker-0")["status"]["phase"] == "Running")
     # Give the operator passes to (wrongly) start the launcher; none may appear.
     wait_for(
         lambda: (
@@ -135,7 +135,7 @@ def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
         "second run",
     )
     assert cluster.pods(ns, "rs", "worker") == ["rs-worker-2", "rs-worker-3"]
-    launcher = cluster.api.get("Pod", ns, "rs-launcher")
+    launcher = cluster.obj("Pod", ns, "rs-launcher")
     assert launcher and launcher["status"]["phase"] == "Running"
     # Second failure: the limit is reached and the job stays Failed.
     cluster.kubelet.finish(ns, "rs-launcher", 2)
@@ -175,7 +175,7 @@ def test_launcher_deleted_fails_job_by_default(cluster: Cluster, ns: str) -> Non
 def test_launcher_deleted_is_recreated_with_always(cluster: Cluster, ns: str) -> None:
     cluster.create(job("la", launcherRestartPolicy="Always"), ns)
     running(cluster, ns, "la")
-    uid = cluster.api.get("Pod", ns, "la-launcher")["metadata"]["uid"]
+    uid = cluster.obj("Pod", ns, "la-launcher")["metadata"]["uid"]
     cluster.api.delete("Pod", ns, "la-launcher")
     wait_for(
         lambda: (
@@ -185,7 +185,7 @@ def test_launcher_deleted_is_recreated_with_always(cluster: Cluster, ns: str) ->
         10,
         "a new launcher",
     )
-    wait_for(lambda: cluster.api.get("Pod", ns, "la-launcher")["status"]["phase"] == "Running")
+    wait_for(lambda: cluster.obj("Pod", ns, "la-launcher")["status"]["phase"] == "Running")
     assert cluster.phase(ns, "la") == "Running"
     assert "LauncherRecreated" in cluster.event_reasons(ns, "la")
 

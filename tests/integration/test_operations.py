@@ -35,7 +35,7 @@ def test_eviction_in_grace_period_leaves_host_list_at_once(cluster: Cluster, ns:
     cluster.kubelet.lingering.add((ns, "evict-worker-1"))  # its kubelet takes its time
     cluster.api.delete("Pod", ns, "evict-worker-1")  # e.g. a node drain's eviction
     wait_for(lambda: cluster.hosts(ns, "evict") == ["evict-worker-0"], 5, "out of the list")
-    pod = cluster.api.get("Pod", ns, "evict-worker-1")
+    pod = cluster.obj("Pod", ns, "evict-worker-1")
     assert pod is not None and pod["metadata"]["deletionTimestamp"]  # still there, terminating
     assert cluster.phase(ns, "evict") == "Running"
 
@@ -80,7 +80,10 @@ def scrape(cluster: Cluster) -> dict[str, float]:
 
 def test_metrics_move_with_the_world(cluster: Cluster, ns: str) -> None:
     before = scrape(cluster)
-    get = lambda m, k: m.get(k, 0.0)
+
+    def get(m: dict[str, float], k: str) -> float:
+        return m.get(k, 0.0)
+
     ok = 'etoperator_scale_operations_total{kind="ScaleOut",result="succeeded"}'
     bad = 'etoperator_scale_operations_total{kind="ScaleOut",result="failed"}'
     cluster.create(job("met", replicas=1, maxReplicas=2, workerRestartPolicy="Always"), ns)

@@ -3,6 +3,8 @@ made to the emulator (recorded by bearer token) is checked against the ClusterRo
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import yaml
 
@@ -31,7 +33,7 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     cluster.create(scalein("waits", "no-such-job", count=1), ns)
     cluster.create(scaleout("waits-too", "no-such-job", 1), ns)
     for kind, name in (("ScaleIn", "waits"), ("ScaleOut", "waits-too")):
-        wait_for(lambda k=kind, n=name: cluster.condition(ns, n, "Waiting", k), 10)
+        wait_for(partial(cluster.condition, ns, name, "Waiting", kind), 10)
     # Objects in the way of the job's children: refused, reported, never adopted.
     for kind, spec in (
         ("Pod", {"containers": [{"name": "c", "image": "x"}]}),

@@ -7,7 +7,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +43,9 @@ pytestmark = pytest.mark.integration
         ),
     ],
 )
-def test_schema_rejects(cluster: Cluster, ns: str, mutate, needle: str) -> None:
+def test_schema_rejects(
+    cluster: Cluster, ns: str, mutate: Callable[[dict[str, Any]], object], needle: str
+) -> None:
     manifest = job("bad")
     mutate(manifest)
     res = cluster.kubectl_create(ns, manifest)
@@ -93,7 +97,7 @@ def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
     cond = cluster.condition(ns, "taken", "Blocked")
     assert cond and "ConfigMap taken-config exists and is not owned" in cond["message"]
     assert "ChildConflict" in cluster.event_reasons(ns, "taken")
-    cm = cluster.api.get("ConfigMap", ns, "taken-config")
+    cm = cluster.obj("ConfigMap", ns, "taken-config")
     assert cm["data"] == {"hostfile": "someone-else:1\n"} and not cm["metadata"].get(
         "ownerReferences"
     )
@@ -101,7 +105,7 @@ def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
     # Once the foreign object is gone, the job proceeds.
     cluster.api.delete("ConfigMap", ns, "taken-config")
     running(cluster, ns, "taken")
-    assert cluster.condition(ns, "taken", "Blocked")["status"] == "False"
+    assert (cluster.condition(ns, "taken", "Blocked") or {})["status"] == "False"
 
 
 def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
@@ -119,7 +123,7 @@ def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
     cluster.create(job("own", annotations={"arena.kubeflow.org/ssh-secret": "my-keys"}), ns)
     running(cluster, ns, "own")
     assert cluster.api.get("Secret", ns, "own") is None  # none generated
-    pod = cluster.api.get("Pod", ns, "own-worker-0")
+    pod = cluster.obj("Pod", ns, "own-worker-0")
     vol = next(v for v in pod["spec"]["volumes"] if "secret" in v)
     assert vol["secret"]["secretName"] == "my-keys"
 
@@ -127,7 +131,7 @@ def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
 def test_private_key_never_logged_or_evented(cluster: Cluster, ns: str) -> None:
     cluster.create(job("quiet"), ns)
     running(cluster, ns, "quiet")
-    secret = cluster.api.get("Secret", ns, "quiet")
+    secret = cluster.obj("Secret", ns, "quiet")
     private = base64.b64decode(secret["data"]["id_rsa"]).decode()
     body = "".join(private.splitlines()[1:-1])
     log = cluster.operator.log.read_text()
@@ -143,16 +147,14 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     wait_for(lambda: len(cluster.pods(ns, "rst", "worker")) == 2, 10)
     cluster.operator.kill()
     uids = {
-        p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
-        for p in cluster.pods(ns, "rst", "worker")
+        p: cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "rst", "worker")
     }
     cluster.kubelet.release(ns, "rst-worker-1")
     cluster.operator.start()
     running(cluster, ns, "rst")
     # The same two workers, never re-created; one launcher.
     assert {
-        p: cluster.api.get("Pod", ns, p)["metadata"]["uid"]
-        for p in cluster.pods(ns, "rst", "worker")
+        p: cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "rst", "worker")
     } == uids
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
@@ -163,10 +165,10 @@ def test_discovery_script_sees_changes_within_two_seconds(
     """The real discover_hosts.sh from the ConfigMap, run as the launcher would run it."""
     cluster.create(job("disc", replicas=3), ns)
     running(cluster, ns, "disc", 3)
-    cm = cluster.api.get("ConfigMap", ns, "disc-config")
+    cm = cluster.obj("ConfigMap", ns, "disc-config")
     # Laid out as the launcher's ConfigMap volume lays it out (same modes), and run by a
     # non-root user, as a launcher image may well do.
-    pod = cluster.api.get("Pod", ns, "disc-launcher")
+    pod = cluster.obj("Pod", ns, "disc-launcher")
     volume = next(v for v in pod["spec"]["volumes"] if "configMap" in v)
     etc = Path(tempfile.mkdtemp(prefix="etoperator-edl-"))
     etc.chmod(0o755)

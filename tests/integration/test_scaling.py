@@ -8,6 +8,8 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
@@ -22,7 +24,7 @@ SO, SI = "ScaleOut", "ScaleIn"
 
 def settled(
     cluster: Cluster, ns: str, kind: str, name: str, phase: str, timeout: float = 20
-) -> dict:
+) -> dict[str, Any]:
     wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
     return cluster.status(ns, name, kind)
 
@@ -37,7 +39,7 @@ def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:
     jst = cluster.status(ns, "so")
     assert jst["currentWorkers"] == cluster.hosts(ns, "so") and jst.get("currentScaler") == ""
     assert cluster.job(ns, "so")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
-    owner = cluster.api.get(SO, ns, "grow")["metadata"]["ownerReferences"][0]
+    owner = cluster.obj(SO, ns, "grow")["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "TrainingJob" and owner["name"] == "so" and owner["controller"]
     out = cluster.kubectl("get", "scaleout", "-n", ns).stdout
     assert "ScaleSucceeded" in out and "PHASE" in out
@@ -123,11 +125,12 @@ def horovod_process(
     cluster: Cluster, ns: str, job_name: str, on: str, hostname: str
 ) -> Iterator[threading.Event]:
     """A process started over SSH on worker `on`, as Horovod starts one, until the event is set."""
-    secret = cluster.api.get("Secret", ns, job_name)
+    secret = cluster.obj("Secret", ns, job_name)
     key = paramiko.Ed25519Key.from_private_key(
         io.StringIO(base64.b64decode(secret["data"]["id_rsa"]).decode())
     )
     ip = cluster.kubelet.ip(ns, on)
+    assert ip is not None
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect(
@@ -206,7 +209,7 @@ def test_scalers_run_oldest_first_one_at_a_time(cluster: Cluster, ns: str) -> No
 def test_scaler_created_before_its_job(cluster: Cluster, ns: str) -> None:
     cluster.create(scaleout("early", "later", 1), ns)
     wait_for(lambda: cluster.condition(ns, "early", "Waiting", SO), 10, "Waiting condition")
-    assert cluster.condition(ns, "early", "Waiting", SO)["reason"] == "JobNotFound"
+    assert (cluster.condition(ns, "early", "Waiting", SO) or {})["reason"] == "JobNotFound"
     assert cluster.phase(ns, "early", SO) == ""
     cluster.create(job("later", replicas=1), ns)
     settled(cluster, ns, SO, "early", "ScaleSucceeded", 30)
@@ -221,7 +224,7 @@ def test_job_finishing_mid_scale_fails_the_scaler(cluster: Cluster, ns: str) -> 
     wait_for(lambda: cluster.phase(ns, "never", SO) == "Scaling", 10)
     cluster.kubelet.finish(ns, "fin-launcher", 0)
     settled(cluster, ns, SO, "never", "ScaleFailed")
-    assert cluster.condition(ns, "never", "ScaleFailed", SO)["reason"] == "JobFinished"
+    assert (cluster.condition(ns, "never", "ScaleFailed", SO) or {})["reason"] == "JobFinished"
 
 
 def test_job_deleted_mid_scale_takes_its_scalers(cluster: Cluster, ns: str) -> None:
@@ -291,7 +294,7 @@ def test_kubectl_scale_up_and_down(cluster: Cluster, ns: str) -> None:
 
 
 def test_scaler_script_runs_on_the_launcher_with_values_as_given(
-    cluster: Cluster, ns: str, tmp_path
+    cluster: Cluster, ns: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "hook.out"
     hook = tmp_path / "hook.sh"

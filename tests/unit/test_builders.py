@@ -4,9 +4,10 @@ import copy
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from etoperator import naming
-from etoperator.api.models import parse_job
+from etoperator.api.models import JobSpec, parse_job
 from etoperator.builders import config, pods, rbac, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from tests.integration.jobs import job
@@ -15,7 +16,7 @@ OWNER = Owner("TrainingJob", "j", "uid-1")
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$|^[A-Z]|[./-]")
 
 
-def spec(**kw: object):
+def spec(**kw: Any) -> JobSpec:
     b = job("j", **kw)
     b["metadata"].update(namespace="ns", uid="uid-1")
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {

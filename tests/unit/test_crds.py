@@ -26,8 +26,8 @@ def test_generated_files_match_the_models() -> None:
         assert on_disk == crds.render(crd), (
             f"crds/{fname} drifted: run python -m etoperator.api.crds"
         )
-    on_disk = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
-    assert on_disk == sorted([*crds.all_crds(), "kustomization.yaml"])
+    files = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert files == sorted([*crds.all_crds(), "kustomization.yaml"])
 
 
 def test_crds_are_structural_with_status_and_columns() -> None:

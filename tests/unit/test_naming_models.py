@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -54,7 +56,7 @@ def test_scaler_ref_round_trip() -> None:
     assert naming.parse_scaler_ref("Pod:ns/x") is None
 
 
-def body(**kw: object) -> dict:
+def body(**kw: Any) -> dict[str, Any]:
     b = job("j", **kw)
     b["metadata"].update(namespace="ns", uid="u1")
     return b
@@ -99,7 +101,7 @@ def test_slots_default_to_gpu_limit() -> None:
         (lambda b: b["metadata"].update(annotations={naming.ANN_SSH_SECRET: "Bad Name"}), "Secret"),
     ],
 )
-def test_parse_job_refuses(mutate, needle: str) -> None:
+def test_parse_job_refuses(mutate: Callable[[dict[str, Any]], object], needle: str) -> None:
     b = body()
     mutate(b)
     with pytest.raises(InvalidSpec, match=needle):
@@ -131,7 +133,7 @@ def test_suspend_annotation() -> None:
         (scaleout("s", "Bad_Job", 1), "not a valid"),
     ],
 )
-def test_parse_scaler_refuses(manifest: dict, needle: str) -> None:
+def test_parse_scaler_refuses(manifest: dict[str, Any], needle: str) -> None:
     with pytest.raises(InvalidSpec, match=needle):
         parse_scaler(manifest["kind"], manifest)
 

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etoperator.api.models import parse_job, parse_scaler
+from etoperator.api.models import JobSpec, parse_job, parse_scaler
 from etoperator.planning import (
     JobInput,
     PodView,
@@ -22,23 +23,25 @@ from tests.integration.jobs import job, scalein, scaleout
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
 
-def jspec(**kw: object):
+def jspec(**kw: Any) -> JobSpec:
     b = job("j", **kw)
     b["metadata"].update(namespace="ns", uid="u")
     return parse_job(b)
 
 
-def w(i: int, phase: str = "Running", ready: bool = True, **kw: object) -> PodView:
+def w(i: int, phase: str = "Running", ready: bool = True, **kw: Any) -> PodView:
     return PodView(name=f"j-worker-{i}", role="worker", index=i, phase=phase, ready=ready, **kw)
 
 
-def launcher(phase: str = "Running", run: int = 0, **kw: object) -> PodView:
+def launcher(phase: str = "Running", run: int = 0, **kw: Any) -> PodView:
     return PodView(
         name="j-launcher", role="launcher", phase=phase, ready=phase == "Running", run=run, **kw
     )
 
 
-def running_status(members: list[int], hosts: list[int] | None = None, **extra: object) -> dict:
+def running_status(
+    members: list[int], hosts: list[int] | None = None, **extra: Any
+) -> dict[str, Any]:
     hosts = members if hosts is None else hosts
     return {
         "phase": "Running",
@@ -56,8 +59,8 @@ def running_status(members: list[int], hosts: list[int] | None = None, **extra: 
 
 
 def inp(
-    spec,
-    status: dict,
+    spec: JobSpec,
+    status: dict[str, Any],
     pods: list[PodView],
     scalers: list[ScalerView] | None = None,
     now: datetime = NOW,
@@ -78,7 +81,9 @@ def inp(
 
 
 def scaler(
-    manifest: dict, status: dict | None = None, created: str = "2026-01-01T11:00:00Z"
+    manifest: dict[str, Any],
+    status: dict[str, Any] | None = None,
+    created: str = "2026-01-01T11:00:00Z",
 ) -> ScalerView:
     manifest["metadata"].update(namespace="ns", creationTimestamp=created)
     return ScalerView(
