@@ -320,3 +320,22 @@ def test_plan_is_deterministic_and_consistent(world: JobInput) -> None:
     # At most one scaler runs.
     running = [k for k, s in plan.scaler_status.items() if s.get("phase") == "Scaling"]
     assert len(running) <= 1
+
+
+def test_invalid_spec_fails_then_starts_once_fixed() -> None:
+    bad = JobInput(
+        name="j",
+        namespace="ns",
+        generation=1,
+        spec=None,
+        error="spec.x is wrong",
+        status={},
+        pods=[],
+        scalers=[],
+        now=NOW,
+    )
+    failed = plan_job(bad)
+    assert failed.status["phase"] == "Failed" and not failed.create_workers
+    assert failed.events[0].type == "Warning" and failed.events[0].reason == "InvalidSpec"
+    fixed = plan_job(inp(jspec(replicas=2), failed.status, []))
+    assert fixed.status["phase"] == "Created" and fixed.create_workers == [0, 1]
