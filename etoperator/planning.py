@@ -667,7 +667,10 @@ class _Planner:
         self.scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)
         self.s["currentScaler"] = ""
         self.cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
-        if self.job().worker.replicas != len(members):
+        replicas = self.job().worker.replicas
+        if self.s.get("acceptedReplicas") not in (None, replicas):
+            return  # a newer `kubectl scale` waits: it is taken next, from the new size
+        if replicas != len(members):
             self.plan.spec_replicas = len(members)
         self.s["acceptedReplicas"] = len(members)
 

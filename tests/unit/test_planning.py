@@ -339,3 +339,26 @@ def test_invalid_spec_fails_then_starts_once_fixed() -> None:
     assert failed.events[0].type == "Warning" and failed.events[0].reason == "InvalidSpec"
     fixed = plan_job(inp(jspec(replicas=2), failed.status, []))
     assert fixed.status["phase"] == "Created" and fixed.create_workers == [0, 1]
+
+
+def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
+    # `kubectl scale` asked for 5 while a ScaleOut to 3 ran (accepted is still 3).
+    spec = jspec(replicas=5, maxReplicas=8)
+    so = scaler(scaleout("j-replicas-2", "j", 1))
+    first = plan_job(
+        inp(
+            jspec(replicas=3, maxReplicas=8),
+            running_status([0, 1], acceptedReplicas=3),
+            [w(0), w(1), launcher()],
+            [so],
+        )
+    )
+    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    pods = [w(0), w(1), w(2), launcher()]
+    joined = plan_job(inp(spec, first.status, pods, [so]))
+    done = plan_job(inp(spec, joined.status, pods, [so], published=joined.hosts))
+    assert done.scaler_status[so.key]["phase"] == "ScaleSucceeded"
+    assert done.spec_replicas is None  # the user's 5 is kept, not overwritten with 3
+    (follow_up,) = done.create_scalers
+    assert follow_up["kind"] == "ScaleOut" and follow_up["spec"]["toAdd"] == {"count": 2}
+    assert done.status["acceptedReplicas"] == 5
