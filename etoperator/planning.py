@@ -12,6 +12,7 @@ The job's status carries the few facts that cannot be observed again:
   runStartIndex   first index of the current run; lower ones belong to an earlier run
   acceptedReplicas spec.etReplicaSpecs.worker.replicas as last acted upon (`kubectl scale`)
   currentScaler   the one scaler allowed to touch pods, whose plan is frozen in its status
+  scalerPods      that plan again, so a scaler deleted while it runs can be undone
 """
 
 from __future__ import annotations
@@ -377,6 +378,9 @@ class _Planner:
         hosts: list[str] = [h for h in self.s.get("currentWorkers") or [] if h in members]
         active = self.active_scaler()
         if active is None and self.s.get("currentScaler"):
+            ref = naming.parse_scaler_ref(str(self.s["currentScaler"]))
+            if ref is not None and (ref[0], ref[2]) not in self.scalers:
+                members, hosts = self.cancel_scale(ref[0], ref[2], members, hosts)
             self.s["currentScaler"] = ""
         joining = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
         leaving = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
@@ -524,6 +528,28 @@ class _Planner:
             not (self.workers.get(m) and self.workers[m].ready) for m in self.s["targetWorkers"]
         ):
             self.busy = True
+
+    def cancel_scale(
+        self, kind: str, name: str, members: list[str], hosts: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """The running scaler was deleted: undo what it had not finished."""
+        pods = list(self.s.get("scalerPods") or [])
+        if kind == naming.SCALEOUT_KIND:
+            members = [m for m in members if m not in pods]
+            hosts = [h for h in hosts if h not in pods]
+            what = f"its new workers are removed: {', '.join(pods)}"
+        else:
+            back = [
+                p
+                for p in pods
+                if p in self.workers and not self.workers[p].gone_bad and p not in members
+            ]
+            members = members + back
+            what = f"its workers stay: {', '.join(back) or 'none left'}"
+        message = f"{kind} {name} was deleted while it ran; {what}"
+        self.cond(st.SCALING, "False", "ScaleCancelled", message)
+        self.plan.events.append(Event("Warning", "ScaleCancelled", message))
+        return members, hosts
 
     def describe_loss(self, pod: PodView | None) -> str:
         if pod is None:
@@ -723,6 +749,7 @@ class _Planner:
             self.plan.scaler_status[sc.key] = new
             self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
             self.s["currentScaler"] = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
+            self.s["scalerPods"] = planned
             self.cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
             self.busy = True
             return
@@ -792,6 +819,8 @@ class _Planner:
                 ),
             }
             self.s["replicas"] = len(self.s.get("currentWorkers") or [])
+        if not self.s.get("currentScaler"):
+            self.s.pop("scalerPods", None)
         self.s["observedGeneration"] = self.inp.generation
         if self.busy or self.plan.create_workers or self.plan.delete_pods:
             self.plan.requeue = 1.0

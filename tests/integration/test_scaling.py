@@ -361,3 +361,30 @@ def test_worker_failure_during_a_scale(cluster: Cluster, ns: str) -> None:
     settled(cluster, ns, SO, "mid", "ScaleSucceeded")
     assert cluster.hosts(ns, "wfs") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
     assert cluster.pods(ns, "wfs", "worker") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
+
+
+def test_deleting_a_running_scale_out_removes_its_workers(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("cx", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "cx")
+    cluster.kubelet.held.add((ns, "cx-worker-2"))
+    cluster.create(scaleout("undo", "cx", 1, timeout=60), ns)
+    wait_for(lambda: "cx-worker-2" in cluster.pods(ns, "cx", "worker"), 10)
+    cluster.api.delete(SO, ns, "undo")
+    wait_for(lambda: cluster.pods(ns, "cx", "worker") == ["cx-worker-0", "cx-worker-1"], 10)
+    cond = cluster.condition(ns, "cx", "Scaling")
+    assert cond and cond["reason"] == "ScaleCancelled" and "cx-worker-2" in cond["message"]
+    assert cluster.hosts(ns, "cx") == ["cx-worker-0", "cx-worker-1"]
+    wait_for(lambda: cluster.phase(ns, "cx") == "Running", 10)
+
+
+def test_deleting_a_running_scale_in_keeps_its_workers(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("ci", replicas=2), ns)
+    running(cluster, ns, "ci")
+    with horovod_process(cluster, ns, "ci", "ci-worker-1", "ci-worker-1"):
+        cluster.create(scalein("undo", "ci", count=1, timeout=60), ns)
+        wait_for(lambda: cluster.hosts(ns, "ci") == ["ci-worker-0"], 10, "victim out of the list")
+        cluster.api.delete(SI, ns, "undo")
+        # The victim rejoins the host list; nothing is deleted.
+        wait_for(lambda: cluster.hosts(ns, "ci") == ["ci-worker-0", "ci-worker-1"], 10)
+    assert cluster.pods(ns, "ci", "worker") == ["ci-worker-0", "ci-worker-1"]
+    assert (cluster.condition(ns, "ci", "Scaling") or {}).get("reason") == "ScaleCancelled"
