@@ -98,19 +98,21 @@ async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)
-async def scaleout_event(
-    type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
-) -> None:
-    if type != "DELETED" and namespace:
-        await _scaler_event(naming.SCALEOUT_KIND, name, namespace, body)
-
-
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEIN_PLURAL)
-async def scalein_event(
-    type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+async def scaler_event(
+    type: str,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    resource: kopf.Resource,
+    **_: Any,
 ) -> None:
-    if type != "DELETED" and namespace:
-        await _scaler_event(naming.SCALEIN_KIND, name, namespace, body)
+    if type == "DELETED" or not namespace:
+        return
+    kind = (
+        naming.SCALEOUT_KIND if resource.plural == naming.SCALEOUT_PLURAL else (naming.SCALEIN_KIND)
+    )
+    await _scaler_event(kind, name, namespace, body)
 
 
 @kopf.on.event("", "v1", "nodes", when=lambda **_: WATCH_NODES)
