@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from etoperator.naming import API_VERSION
+
 
 def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     worker: dict[str, Any] = {
@@ -38,7 +40,7 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
         launcher["restartPolicy"] = spec.pop("launcherRestartPolicy")
     annotations = spec.pop("annotations", None)
     body: dict[str, Any] = {
-        "apiVersion": "kai.alibabacloud.com/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {"etReplicaSpecs": {"launcher": launcher, "worker": worker}, **spec},
@@ -48,16 +50,16 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     return copy.deepcopy(body)
 
 
-def scaleout(name: str, job_name: str, count: int, timeout: int | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"selector": {"name": job_name}, "toAdd": {"count": count}}
+def _scaler(kind: str, name: str, spec: dict[str, Any], timeout: int | None) -> dict[str, Any]:
     if timeout is not None:
         spec["timeout"] = timeout
-    return {
-        "apiVersion": "kai.alibabacloud.com/v1alpha1",
-        "kind": "ScaleOut",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def scaleout(name: str, job_name: str, count: int, timeout: int | None = None) -> dict[str, Any]:
+    return _scaler(
+        "ScaleOut", name, {"selector": {"name": job_name}, "toAdd": {"count": count}}, timeout
+    )
 
 
 def scalein(
@@ -72,12 +74,6 @@ def scalein(
         to_delete["count"] = count
     if pod_names is not None:
         to_delete["podNames"] = pod_names
-    spec: dict[str, Any] = {"selector": {"name": job_name}, "toDelete": to_delete}
-    if timeout is not None:
-        spec["timeout"] = timeout
-    return {
-        "apiVersion": "kai.alibabacloud.com/v1alpha1",
-        "kind": "ScaleIn",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return _scaler(
+        "ScaleIn", name, {"selector": {"name": job_name}, "toDelete": to_delete}, timeout
+    )
