@@ -208,26 +208,7 @@ class JobReconciler:
 
     @staticmethod
     def scaler_views(obs: Observed) -> list[ScalerView]:
-        uid = obs.job["metadata"]["uid"]
-        views = []
-        for s in obs.scalers:
-            spec: ScalerSpec | None
-            try:
-                spec, error = parse_scaler(s["kind"], s), None
-            except InvalidSpec as exc:
-                spec, error = None, str(exc)
-            views.append(
-                ScalerView(
-                    kind=s["kind"],
-                    name=s["metadata"]["name"],
-                    created=s["metadata"].get("creationTimestamp", ""),
-                    spec=spec,
-                    error=error,
-                    status=copy.deepcopy(s.get("status") or {}),
-                    owned=is_controlled_by(s, uid),
-                )
-            )
-        return views
+        return [scaler_view(s, obs.job["metadata"]["uid"]) for s in obs.scalers]
 
     # -- the pass ------------------------------------------------------------------------
 
@@ -468,7 +449,12 @@ class JobReconciler:
             if self.kube.delete("Pod", ns, pod_name, (pod or {}).get("metadata", {}).get("uid")):
                 log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
         secret = spec.ssh_secret or naming.secret_name(name)
-        has_config = self._secret_has_config(spec, secret)
+        # Only pod builders need it, and for a user's Secret it costs a GET: ask when building.
+        has_config = (
+            self._secret_has_config(spec, secret)
+            if plan.create_workers or plan.create_launcher
+            else True
+        )
         problems: list[str] = []
         existing_services = {s["metadata"]["name"]: s for s in obs.services}
         for svc_name in plan.services:
@@ -560,51 +546,43 @@ class JobReconciler:
             return
         job_name = ((body.get("spec") or {}).get("selector") or {}).get("name")
         job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
-        try:
-            spec: ScalerSpec | None = parse_scaler(kind, body)
-            error = None
-        except InvalidSpec as exc:
-            spec, error = None, str(exc)
-        view = ScalerView(
-            kind=kind,
-            name=name,
-            created=body["metadata"].get("creationTimestamp", ""),
-            spec=spec,
-            error=error,
-            status=body.get("status") or {},
-            owned=any(r.get("controller") for r in body["metadata"].get("ownerReferences") or []),
+        view = scaler_view(body, None)
+        new, event = plan_orphan_scaler(view, job is not None, self.clock())
+        if new is None:
+            return
+        self.kube.patch(
+            kind,
+            namespace,
+            name,
+            {
+                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                "status": _merge_patch(view.status, new),
+            },
+            sub="status",
         )
-        if spec is None and view.phase not in st.SCALE_TERMINAL:
-            new: dict[str, Any] | None = {
-                **view.status,
-                "phase": st.SCALE_FAILED,
-                "conditions": st.set_condition(
-                    view.status.get("conditions") or [],
-                    st.SCALE_FAILED,
-                    "True",
-                    "InvalidSpec",
-                    error or "invalid",
-                    self.now(),
-                )[0],
-            }
-            self.kube.event(body, "Warning", "InvalidSpec", error or "invalid spec", self.clock())
-        else:
-            new = plan_orphan_scaler(view, job is not None, self.clock())
-            if new is not None and new.get("phase") == st.SCALE_FAILED:
-                self.kube.event(
-                    body, "Warning", "JobDeleted", f"job {job_name} was deleted", self.clock()
-                )
-        if new is not None:
-            self.kube.patch(
-                kind,
-                namespace,
-                name,
-                {
-                    "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-                    "status": _merge_patch(view.status, new),
-                },
-                sub="status",
-            )
+        if event is not None:
+            self.kube.event(body, event.type, event.reason, event.message, self.clock())
+
+
+def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
+    """A scaler as the planner sees it; `owned` is control by that job (any job when None)."""
+    try:
+        spec: ScalerSpec | None = parse_scaler(body["kind"], body)
+        error = None
+    except InvalidSpec as exc:
+        spec, error = None, str(exc)
+    refs = body["metadata"].get("ownerReferences") or []
+    return ScalerView(
+        kind=body["kind"],
+        name=body["metadata"]["name"],
+        created=body["metadata"].get("creationTimestamp", ""),
+        spec=spec,
+        error=error,
+        status=copy.deepcopy(body.get("status") or {}),
+        owned=is_controlled_by(body, job_uid)
+        if job_uid
+        else any(r.get("controller") for r in refs),
+    )
 
 
 def _merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
