@@ -17,7 +17,7 @@ lint:
 	$(VENV)/bin/mypy
 
 unit:
-	$(PY) -m pytest -q tests/unit tests/emulator
+	$(PY) -m pytest -q tests/unit
 
 integration:
 	$(PY) -m pytest -q tests/integration

@@ -1,42 +1,57 @@
 #!/usr/bin/env bash
-# One-command set-up: system packages, a virtualenv with the operator and its test tools,
-# torch 2.13.0 (CPU) and the project's Horovod build. Idempotent: a second run only checks.
+# One-command set-up: system packages, the control plane (built from Go modules), and a
+# virtualenv with torch 2.13.0, the project's Horovod build and the test tools.
+#
+# Idempotent, and cached across checkouts: the virtualenv lives under
+# ~/.cache/etoperator/venvs/<hash of requirements.lock and the Horovod build>, and .venv links to
+# it, so a fresh clone of the same lock (CI) installs nothing. The project itself is not
+# installed there: it is imported from the checkout (python -m ... from its root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-VENV=${VENV:-.venv}
+CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
+t0=$SECONDS
+step() { echo "setup: $* ($((SECONDS - t0)) s)"; }
 
 need_apt=()
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v ssh >/dev/null || need_apt+=(openssh-client)
 command -v pgrep >/dev/null || need_apt+=(procps)
 command -v cmake >/dev/null || need_apt+=(cmake)
-command -v kubectl >/dev/null || need_apt+=(kubernetes-client)
+command -v unshare >/dev/null || need_apt+=(util-linux)
+command -v curl >/dev/null || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
-    echo "setup: installing ${need_apt[*]}"
+    step "installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 mkdir -p /run/sshd
+[ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A >/dev/null
 
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PY" -m venv "$VENV"
-fi
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
-# torch first and pinned: anything that lets pip choose pulls a newer CUDA build (gigabytes).
-if ! "$VENV/bin/python" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
-    echo "setup: installing torch 2.13.0 (CPU)"
-    pip install "torch==2.13.0"
-fi
-pip install numpy cloudpickle psutil pyyaml packaging setuptools wheel
-pip install -e '.[dev]'
+# The control plane: kube-apiserver, kube-controller-manager, kubectl, etcd.
+bin=$(hack/build-controlplane.sh | tail -n 1)
+step "control plane binaries in $bin"
 
-# Horovod: built once per machine (a few minutes), then taken from the cache.
-if ! "$VENV/bin/python" -c 'import horovod.torch' 2>/dev/null; then
-    wheel=$(hack/build-horovod.sh "$VENV/bin/python" | tail -n 1)
+lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
+venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"
+if [ ! -f "$venv/.complete" ]; then
+    step "creating the virtualenv $venv"
+    rm -rf "$venv"
+    "$PY" -m venv "$venv"
+    pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+    # torch first and pinned: anything that lets pip choose pulls another build (gigabytes).
+    pip install "$(grep '^torch==' requirements.lock)"
+    pip install -r requirements.lock
+    step "building or reusing Horovod"
+    wheel=$(hack/build-horovod.sh "$venv/bin/python" | tail -n 1)
     pip install --no-deps "$wheel"
+    "$venv/bin/python" -c 'import horovod.torch as hvd; assert hvd.gloo_built()'
+    touch "$venv/.complete"
 fi
-"$VENV/bin/python" -c 'import horovod.torch as hvd; assert hvd.gloo_built()'
-echo "setup: done ($("$VENV/bin/python" -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"
+if [ ! -L .venv ] || [ "$(readlink .venv)" != "$venv" ]; then
+    rm -rf .venv
+    ln -s "$venv" .venv
+fi
+step "done ($(.venv/bin/python -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"
