@@ -1,5 +1,8 @@
-"""The elastic-training scenario, written once and run against the one-machine chain
-(tests/fullchain) and against a real cluster (tests/cluster): same manifests, same waits."""
+"""The elastic-training tour, written once: `make demo` shows it, the full-chain tier
+(tests/fullchain) and the real-cluster tier (tests/cluster) assert it. Same manifests, same
+waits: create the example job, then ScaleOut +2, ScaleIn by count, ScaleIn by pod name,
+`kubectl scale`, and a killed worker, each timed from the request to the first training step at
+the new size; then the job must succeed with every step done."""
 
 from __future__ import annotations
 
@@ -10,11 +13,41 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from tests.harness import ROOT, wait_for
+import yaml
 
+ROOT = Path(__file__).resolve().parents[2]
 JOB = "elastic-training"
-STEPS = 300  # examples/training_job.yaml
+EXAMPLE = ROOT / "examples" / "training_job.yaml"
+T = TypeVar("T")
+
+
+class TourFailed(AssertionError):
+    """A step of the tour did not reach what it should have (the message says which)."""
+
+
+def wait_for(
+    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
+) -> T:
+    """Poll `fn` until it returns something truthy; fail with its last value at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TourFailed(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
+        time.sleep(interval)
+
+
+def example_steps() -> int:
+    """The number of steps examples/training_job.yaml asks for."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    cmd = manifest["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+    return int(cmd["command"][cmd["command"].index("--steps") + 1])
+
+
 STEP = re.compile(r"STEP (\d+) size=(\d+) loss=([\d.]+) t=([\d.]+)")
 DONE = re.compile(r"DONE steps=(\d+) size=(\d+) eval_before=([\d.]+) eval_after=([\d.]+)")
 
@@ -41,18 +74,27 @@ class Training:
         return None
 
 
+def check(ok: object, message: str) -> None:
+    if not ok:
+        raise TourFailed(message)
+
+
 @dataclass
-class Scenario:
+class Tour:
     kubectl: Callable[..., subprocess.CompletedProcess[str]]  # already bound to the namespace
     launcher_log: Callable[[], str]
     kill_worker: Callable[[str], object]
     hosts: Callable[[], list[str]]
     phase: Callable[[], str]
     slow: float = 1.0  # timeout multiplier (real clusters pull images, schedule pods...)
+    say: Callable[[str], None] = print
+    show: bool = False  # after each step: kubectl get, the host list, the last training lines
 
     def transition(self, tr: Training, what: str, size: int, act: Callable[[], object]) -> float:
+        """Run `act`, time it to the first training step at `size`, then wait for what `act`
+        returned (a wait for its scaler to succeed) before the next step."""
         t0 = time.time()
-        act()
+        settled = act()
         t = wait_for(
             lambda: tr.first_step_at(size, t0),
             90 * self.slow,
@@ -60,58 +102,106 @@ class Scenario:
             interval=0.2,
         )
         assert t is not None
-        print(f"{what}: first training step at size {size} after {t - t0:.2f}s")
+        self.say(f"{what}: first training step at size {size} after {t - t0:.2f}s")
+        if callable(settled):
+            settled()
+        self.report(tr)
         return t - t0
 
-    def create(self, example: str) -> None:
-        self.kubectl("create", "--validate=false", "-f", str(ROOT / "examples" / example))
+    def report(self, tr: Training) -> None:
+        if not self.show:
+            return
+        self.say(self.kubectl("get", "tj,so,si", check=False).stdout.rstrip())
+        self.say(f"host list: {' '.join(self.hosts())}")
+        for step, size, loss, _ in tr.steps[-3:]:
+            self.say(f"  step {step}  workers {size}  loss {loss:.4f}")
+        self.say("")
 
-    def run(self, results: Path | None = None) -> dict[str, float]:
+    def create(self, example: str) -> None:
+        self.kubectl("create", "-f", str(ROOT / "examples" / example))
+
+    def scale(self, example: str) -> Callable[[], None]:
+        """Create the example scaler; return a wait for it to report ScaleSucceeded."""
+        self.create(example)
+        doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+        ref = f"{doc['kind'].lower()}/{doc['metadata']['name']}"
+
+        def settled() -> None:
+            wait_for(
+                lambda: self.kubectl(
+                    "get", ref, "-o", "jsonpath={.status.phase}", check=False
+                ).stdout == "ScaleSucceeded",
+                60 * self.slow, f"{ref} to succeed", interval=0.2,
+            )  # fmt: skip
+
+        return settled
+
+    def start(self) -> Training:
+        """Create the example job; return once it trains on its 2 workers."""
         self.create("training_job.yaml")
         tr = Training(self.launcher_log)
         wait_for(
-            lambda: tr.first_step_at(2, 0), 120 * self.slow, "training on 2 workers", interval=0.5
+            lambda: tr.first_step_at(2, 0), 180 * self.slow, "training on 2 workers", interval=0.5
         )
-        assert self.phase() == "Running"
+        check(self.phase() == "Running", f"job phase {self.phase()!r}, not Running")
+        return tr
+
+    def run(self, results: Path | None = None) -> dict[str, float]:
+        steps = example_steps()
+        tr = self.start()
         t_first = time.time()
         wait_for(lambda: len(tr.read().steps) >= 40, 60 * self.slow, "40 steps at 2 workers")
+        self.report(tr)
         at2 = [t for _, size, _, t in tr.steps if size == 2 and t >= t_first]
         timings = {
             "steps_per_s_at_2": (len(at2) - 1) / (at2[-1] - at2[0]),
             "scale_out_+2": self.transition(
-                tr, "ScaleOut +2", 4, lambda: self.create("scale_out.yaml")
+                tr, "ScaleOut +2", 4, lambda: self.scale("scale_out.yaml")
             ),
             "scale_in_count_1": self.transition(
-                tr, "ScaleIn count 1", 3, lambda: self.create("scale_in_count.yaml")
+                tr, "ScaleIn count 1", 3, lambda: self.scale("scale_in_count.yaml")
             ),
             "scale_in_by_name": self.transition(
-                tr, "ScaleIn worker-1", 2, lambda: self.create("scale_in_pod.yaml")
+                tr, "ScaleIn worker-1", 2, lambda: self.scale("scale_in_pod.yaml")
             ),
         }
-        assert self.hosts() == [f"{JOB}-worker-0", f"{JOB}-worker-2"], self.hosts()
+        hosts = self.hosts()
+        check(hosts == [f"{JOB}-worker-0", f"{JOB}-worker-2"], f"host list {hosts}")
+        timings["kubectl_scale_3"] = self.transition(
+            tr, "kubectl scale --replicas 3", 3,
+            lambda: self.kubectl("scale", "trainingjob", JOB, "--replicas", "3"),
+        )  # fmt: skip
         timings["worker_killed"] = self.transition(
-            tr, "worker-2 killed", 1, lambda: self.kill_worker(f"{JOB}-worker-2")
+            tr, "worker-2 killed", 2, lambda: self.kill_worker(f"{JOB}-worker-2")
         )
+        survivors = [f"{JOB}-worker-0", f"{JOB}-worker-4"]
         wait_for(
-            lambda: self.hosts() == [f"{JOB}-worker-0"],
-            10 * self.slow,
-            "the killed worker out of the host list",
+            lambda: self.hosts() == survivors, 10 * self.slow, "the killed worker out of the list"
         )
+        self.finish(tr, steps)
+        self.say("transition timings (s): " + json.dumps(timings))
+        if results is not None:
+            results.write_text(json.dumps(timings, indent=2))
+        return timings
+
+    def finish(self, tr: Training, steps: int) -> None:
+        """The job succeeds with every step done and the loss down; the scalers all succeeded."""
         wait_for(
             lambda: self.phase() == "Succeeded", 240 * self.slow, "the job to succeed", interval=0.5
         )
         done = tr.read().done
-        assert done is not None, self.launcher_log()[-3000:]
-        steps, size, before, after = done
-        assert steps == STEPS and size == 1
-        assert after < before * 0.7, f"loss did not go down: {before} -> {after}"
+        check(done is not None, "no DONE line: " + self.launcher_log()[-3000:])
+        assert done is not None
+        n, size, before, after = done
+        check(n == steps and size == 2, f"DONE steps={n} size={size}")
+        check(after < before * 0.7, f"loss did not go down: {before} -> {after}")
         seen = {s for s, *_ in tr.steps}
-        assert set(range(1, STEPS + 1)) <= seen, "a training step is missing from the log"
+        check(set(range(1, steps + 1)) <= seen, "a training step is missing from the log")
+        # What the launcher printed also reaches a user through the apiserver and the kubelet.
+        logs = self.kubectl("logs", f"{JOB}-launcher").stdout
+        check(f"DONE steps={steps}" in logs, logs[-2000:])
         for kind in ("scaleout", "scalein"):
             out = self.kubectl("get", kind).stdout
             rows = [line.split() for line in out.splitlines()[1:]]
-            assert rows and all(r[1] == "ScaleSucceeded" for r in rows), out
-        print("transition timings (s):", json.dumps(timings))
-        if results is not None:
-            results.write_text(json.dumps(timings, indent=2))
-        return timings
+            check(rows and all(r[1] == "ScaleSucceeded" for r in rows), out)
+        self.say(f"job Succeeded: {n} steps, eval loss {before:.4f} -> {after:.4f}")

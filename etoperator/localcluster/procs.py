@@ -1,0 +1,94 @@
+"""Child processes of a local cluster: started in their own session, tied to our lifetime."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: the kernel SIGKILLs it when the process that started it dies, so a killed
+    test run or demo never leaves an apiserver or an sshd behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL it after `grace` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+class StartError(RuntimeError):
+    """A component did not come up; the message says which and ends with its log."""
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    what: str,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise StartError(f"{what} exited with code {proc.returncode}{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise StartError(f"{what} not ready after {timeout:.0f}s{_tail(log)}")
+        time.sleep(0.1)
+
+
+def _tail(log: Path | None, n: int = 25) -> str:
+    if log is None or not log.exists():
+        return ""
+    lines = log.read_text(errors="replace").splitlines()[-n:]
+    return "\n--- " + str(log) + " ---\n" + "\n".join(lines)
