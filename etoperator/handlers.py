@@ -39,6 +39,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=naming.ANN_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
+    # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
+    settings.watching.label_selectors["", "v1", "pods"] = f"{naming.LABEL_GROUP}={naming.GROUP}"
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30

@@ -213,6 +213,9 @@ class Kube:
                 stdout=True,
                 tty=False,
                 _preload_content=False,
+                # v4 over WebSocket end to end: the apiserver passes it through to the kubelet,
+                # which serves it natively (v5 would be translated to SPDY on the way).
+                _headers={"sec-websocket-protocol": "v4.channel.k8s.io"},
             )
             resp.run_forever(timeout=timeout)
             output = resp.read_stdout() + resp.read_stderr()

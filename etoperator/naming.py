@@ -53,6 +53,14 @@ WORKER_INFIX = "-worker-"
 MAX_JOB_NAME = 63 - len(WORKER_INFIX) - MAX_INDEX_DIGITS
 
 
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_dns1035_label(name: str) -> bool:
+    """What a Service name must be: a DNS-1123 label that starts with a letter."""
+    return len(name) <= 63 and bool(_DNS1035_LABEL.match(name))
+
+
 def is_dns1123_label(name: str) -> bool:
     return len(name) <= 63 and bool(_DNS1123_LABEL.match(name))
 
@@ -65,6 +73,11 @@ def job_name_problem(name: str) -> str | None:
     """Why `name` cannot name a job's children, or None when it can."""
     if not is_dns1123_label(name):
         return f"job name {name!r} is not a DNS-1123 label (lower-case alphanumerics and '-')"
+    if not is_dns1035_label(name):
+        return (
+            f"job name {name!r} must start with a letter: its workers' Services are named "
+            f"'{name}{WORKER_INFIX}<index>', and a Service name is a DNS-1035 label"
+        )
     if len(name) > MAX_JOB_NAME:
         return (
             f"job name {name!r} is {len(name)} characters; at most {MAX_JOB_NAME} leave room "

@@ -25,6 +25,8 @@ from tests.integration.jobs import job, scalein, scaleout
         ("a.b", False),
         ("", False),
         ("a;rm -rf", False),
+        ("9lives", False),  # its Services would not be DNS-1035 labels
+        ("v9", True),
     ],
 )
 def test_job_name_problem(name: str, ok: bool) -> None:
