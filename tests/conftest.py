@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from etoperator.localcluster.kubelet import Kubelet
 from tests.harness import Cluster, start_cluster
-from tests.kubelet import SimKubelet
 
 SSH_PORT = 2222
 
@@ -21,7 +21,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if not shutil.which("sshd") and not Path("/usr/sbin/sshd").exists():
         pytest.fail("OpenSSH's sshd is needed (apt-get install openssh-server; .ci/run does it)")
     tmp = tmp_path_factory.mktemp("cluster")
-    c = start_cluster(tmp, lambda e: SimKubelet(e, tmp / "kubelet", ssh_port=SSH_PORT), SSH_PORT)
+    c = start_cluster(tmp, lambda cp: Kubelet(cp, tmp / "kubelet", ssh_port=SSH_PORT), SSH_PORT)
     try:
         yield c
     finally:

@@ -1,12 +1,8 @@
-"""Shared test plumbing: the emulator + kubelet + operator process, and waiting helpers."""
+"""Shared test plumbing: the local cluster (control plane, kubelet, operator) and waiting."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,8 +13,10 @@ from typing import Any, TypeVar
 import yaml
 
 from etoperator import kube, naming
-from tests.emulator.server import Emulator
-from tests.kubelet import SimKubelet
+from etoperator.localcluster.cluster import LocalCluster, OperatorProcess
+from etoperator.localcluster.controlplane import ControlPlane
+from etoperator.localcluster.kubelet import Kubelet
+from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -48,105 +46,30 @@ def wait_for(
         time.sleep(interval)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class OperatorProcess:
-    """The real operator (`etoperator run`) as a child process."""
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        log: Path,
-        ssh_port: int,
-        extra: list[str] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.kubeconfig, self.log, self.ssh_port = kubeconfig, log, ssh_port
-        self.extra = extra or []
-        self.env = env or {}
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "etoperator.cli",
-            "run",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--liveness",
-            "",
-            "--ssh-port",
-            str(self.ssh_port),
-            "--metrics-port",
-            str(self.metrics_port),
-            *self.extra,
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=open(self.log, "ab"),
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-
-    def kill(self) -> None:
-        """SIGKILL: no chance to tidy up, as when a node dies."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
-
-    def tail(self, n: int = 60) -> str:
-        lines = self.log.read_text(errors="replace").splitlines()
-        return "\n".join(lines[-n:])
-
-
-OPERATOR_TOKEN = "etoperator"  # the operator's own identity, so its requests can be audited
-
-
 def start_cluster(
     tmp: Path,
-    make_kubelet: Callable[[Emulator], SimKubelet],
+    make_kubelet: Callable[[ControlPlane], Kubelet],
     ssh_port: int,
     extra: list[str] | None = None,
 ) -> Cluster:
-    """The API emulator, a kubelet, and the operator as a real process, all on this machine."""
-    emulator = Emulator(ROOT / "crds")
-    emulator.start(tmp / "tls")
-    kubeconfig = emulator.kubeconfig(tmp / "kubeconfig")
-    kubelet = make_kubelet(emulator)
-    kubelet.start()
-    operator_kc = emulator.kubeconfig(tmp / "operator.kubeconfig", token=OPERATOR_TOKEN)
-    operator = OperatorProcess(operator_kc, tmp / "operator.log", ssh_port, extra=extra)
-    operator.start()
-    api = kube.Kube(kube.load_config(str(kubeconfig)))
-    return Cluster(emulator, kubelet, operator, kubeconfig, api)
+    """The real control plane, a kubelet, and the operator as a real process, on this machine.
+    The operator reaches the apiserver through a fault proxy (tests/faultproxy.py)."""
+    local = LocalCluster(tmp, make_kubelet, ssh_port, operator_args=list(extra or []))
+    local.start(operator=False)
+    assert local.cp is not None and local.kubelet is not None
+    proxy = FaultProxy(local.cp).start()
+    operator = local.start_operator(proxy.url)
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Cluster(local, local.cp, local.kubelet, operator, proxy, local.kubeconfig, api)
 
 
 @dataclass
 class Cluster:
-    emulator: Emulator
-    kubelet: SimKubelet
+    local: LocalCluster
+    cp: ControlPlane
+    kubelet: Kubelet
     operator: OperatorProcess
+    proxy: FaultProxy
     kubeconfig: Path
     api: kube.Kube
 
@@ -154,7 +77,7 @@ class Cluster:
         self, *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
         res = subprocess.run(
-            ["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+            [str(self.cp.kubectl_path()), "--kubeconfig", str(self.kubeconfig), *args],
             capture_output=True,
             text=True,
             input=input,
@@ -165,10 +88,9 @@ class Cluster:
         return res
 
     def kubectl_create(self, ns: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-        """`kubectl create -f -` as a user would (the emulator serves no OpenAPI document)."""
+        """`kubectl create -f -` as a user would (validation on)."""
         return self.kubectl(
             "create",
-            "--validate=false",
             "-n",
             ns,
             "-f",
@@ -178,18 +100,12 @@ class Cluster:
         )
 
     def stop(self) -> None:
-        self.operator.stop()
-        self.kubelet.stop()
-        self.emulator.stop()
+        self.local.stop()
 
     def new_namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"
-        store = self.emulator.store
-        self.emulator.call(
-            lambda: store.create(
-                store.resources[("", "namespaces")], None, {"metadata": {"name": name}}
-            )
-        )
+        self.kubectl("create", "namespace", name)
+        self.local.wait_namespace_ready(name)
         return name
 
     # -- reading the world ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.scenario import JOB, Scenario
+from etoperator.localcluster.tour import JOB, Tour
 
 pytestmark = pytest.mark.cluster
 
@@ -55,7 +55,7 @@ def test_elastic_training_on_a_real_cluster(kube: tuple[str, str]) -> None:
             return {}
         return dict(json.loads(out.stdout).get("status") or {})
 
-    Scenario(
+    Tour(
         kubectl=kubectl,
         launcher_log=lambda: kubectl("logs", f"{JOB}-launcher", check=False).stdout,
         # The worker's sshd (PID 1, which ignores SIGKILL from inside) stops: the container and

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.emulator.server import Emulator
-from tests.fullchain.process_kubelet import ProcessKubelet
+from etoperator.localcluster.controlplane import ControlPlane
+from etoperator.localcluster.process import ProcessKubelet
 from tests.harness import ROOT, Cluster, start_cluster
 
 SSH_PORT = 2022  # the pods' sshd port (ssh finds it through the per-pod `Host` blocks)
@@ -42,17 +42,14 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pytest.fail(why)
     tmp = tmp_path_factory.mktemp("chain")
 
-    def kubelet(e: Emulator) -> ProcessKubelet:
+    def kubelet(cp: ControlPlane) -> ProcessKubelet:
         return ProcessKubelet(
-            e,
+            cp,
             tmp / "pods",
             ssh_port=SSH_PORT,
             sshd_port=SSH_PORT,
             repo=ROOT,
             venv_bin=Path(sys.executable).parent,
-            api_host=e.host,
-            api_port=e.port,
-            ca=Path(e.ca),
         )
 
     c = start_cluster(tmp, kubelet, SSH_PORT)

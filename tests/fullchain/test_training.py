@@ -1,4 +1,4 @@
-"""The whole chain on one machine: kubectl -> emulator -> operator -> real sshd workers and a
+"""The whole chain on one machine: kubectl -> kube-apiserver -> operator -> real sshd workers and a
 real `horovodrun` launcher running the example elastic training, scaled while it trains."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import cast
 
 import pytest
 
-from tests.fullchain.process_kubelet import ProcessKubelet
+from etoperator.localcluster.process import ProcessKubelet
+from etoperator.localcluster.tour import JOB, Tour, Training, example_steps
 from tests.harness import ROOT, Cluster, wait_for
-from tests.scenario import JOB, STEPS, Scenario, Training
 
 pytestmark = pytest.mark.fullchain
 
@@ -27,7 +27,7 @@ def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> No
         path = kubelet.logs.get(launcher)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
-    scenario = Scenario(
+    scenario = Tour(
         kubectl=lambda *a, **kw: c.kubectl("-n", ns, *a, **kw),
         launcher_log=launcher_log,
         kill_worker=lambda name: kubelet.crash(ns, name),
@@ -41,6 +41,7 @@ def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> No
         "scale_out_+2",
         "scale_in_count_1",
         "scale_in_by_name",
+        "kubectl_scale_3",
         "worker_killed",
     }
     wait_for(lambda: c.pods(ns, JOB, "worker") == [], 30, "workers cleaned up")
@@ -52,9 +53,7 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     c = chain
     kubelet = cast(ProcessKubelet, c.kubelet)
     ns = c.new_namespace()
-    c.kubectl(
-        "-n", ns, "create", "--validate=false", "-f", str(ROOT / "examples/training_job.yaml")
-    )
+    c.kubectl("-n", ns, "create", "-f", str(ROOT / "examples/training_job.yaml"))
     launcher = (ns, f"{JOB}-launcher")
 
     def launcher_log() -> str:
@@ -83,7 +82,7 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     steps = [s for s, *_ in tr.read().steps]
     after = [s for s, _, _, t in tr.steps if t >= t0]
     assert len(after) == len(set(after)), "a step was repeated: training rolled back"
-    assert after == sorted(after) and max(steps) == STEPS
+    assert after == sorted(after) and max(steps) == example_steps()
     assert tr.done is not None and tr.done[1] == 1
     cond = c.condition(ns, JOB, "WorkerPreempted")
     assert cond and "DisruptionTarget" in cond["message"]

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from etoperator.localcluster.kubelet import Kubelet
 from tests.harness import Cluster, start_cluster, wait_for
 from tests.integration.jobs import job, scalein
-from tests.kubelet import SimKubelet
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("nossh")
     c = start_cluster(
-        tmp, lambda e: SimKubelet(e, tmp / "kubelet", run_sshd=False), 2222, ["--no-ssh-checks"]
+        tmp, lambda cp: Kubelet(cp, tmp / "kubelet", run_sshd=False), 2222, ["--no-ssh-checks"]
     )
     try:
         yield c

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.integration
             lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(maxReplicas=1),
             "replicas must not exceed maxReplicas",
         ),
-        (lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(replicas=0), "minimum"),
+        (
+            lambda j: j["spec"]["etReplicaSpecs"]["worker"].update(replicas=0),
+            "worker.replicas in body should be greater than or equal to 1",
+        ),
         (lambda j: j["spec"].update(cleanPodPolicy="Sometimes"), "cleanPodPolicy"),
         (lambda j: j["spec"].update(backoffLimit=-1), "backoffLimit"),
         (lambda j: j["spec"]["etReplicaSpecs"].pop("launcher"), "launcher"),
@@ -65,15 +68,24 @@ def test_missing_optional_fields_are_defaulted_not_fatal(cluster: Cluster, ns: s
     assert spec["etReplicaSpecs"]["worker"]["replicas"] == 1
 
 
-def test_name_too_long_fails_with_condition_and_event(cluster: Cluster, ns: str) -> None:
-    name = "a" * 55
+@pytest.mark.parametrize(
+    "name,needle",
+    [("a" * 55, "63-character"), ("9lives", "DNS-1035")],
+    ids=["too-long", "leading-digit"],
+)
+def test_bad_name_fails_with_condition_and_event(
+    cluster: Cluster, ns: str, name: str, needle: str
+) -> None:
+    """A name the apiserver accepts for the job but not for its children (a Service name must
+    start with a letter) is refused up front, before any child is created."""
     cluster.create(job(name), ns)
     wait_for(lambda: cluster.phase(ns, name) == "Failed", 10, "Failed")
     cond = cluster.condition(ns, name, "Failed")
-    assert cond and cond["reason"] == "InvalidSpec" and "63-character" in cond["message"]
+    assert cond and cond["reason"] == "InvalidSpec" and needle in cond["message"]
     events = [e for e in cluster.events(ns, name) if e["reason"] == "InvalidSpec"]
     assert events and events[0]["type"] == "Warning"
     assert cluster.pods(ns, name) == []
+    assert cluster.api.list("Service", ns) == []
     # The operator keeps serving other jobs.
     cluster.create(job("fine"), ns)
     running(cluster, ns, "fine")
@@ -178,8 +190,13 @@ def test_discovery_script_sees_changes_within_two_seconds(
     script = etc / "discover_hosts.sh"
     sa = etc / "sa"
     sa.mkdir(mode=0o755)
-    (sa / "token").write_text("launcher-token")
-    (sa / "ca.crt").write_bytes(Path(cluster.emulator.ca).read_bytes())
+    # A real token of the launcher's account, bound to its pod: the per-job Role decides.
+    token = cluster.kubectl(
+        "create", "token", pod["spec"]["serviceAccountName"], "-n", ns,
+        "--bound-object-kind=Pod", "--bound-object-name=disc-launcher",
+    ).stdout.strip()  # fmt: skip
+    (sa / "token").write_text(token)
+    (sa / "ca.crt").write_bytes(cluster.cp.ca.read_bytes())
     for f in sa.iterdir():
         f.chmod(0o644)
     cache = etc / "tmp"
@@ -187,8 +204,8 @@ def test_discovery_script_sees_changes_within_two_seconds(
     cache.chmod(0o1777)
     env = {
         "PATH": "/usr/bin:/bin",
-        "KUBERNETES_SERVICE_HOST": cluster.emulator.host,
-        "KUBERNETES_SERVICE_PORT": str(cluster.emulator.port),
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(cluster.cp.port),
         "ETOPERATOR_SA_DIR": str(sa),
         "TMPDIR": str(cache),
     }

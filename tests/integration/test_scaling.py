@@ -332,15 +332,11 @@ def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> Non
     cluster.create(job("cf", replicas=2, maxReplicas=6), ns)
     running(cluster, ns, "cf")
     # The next freeze of the scaler's plan and the next job status write both get a 409.
-    faults = cluster.emulator.store.faults
-    cluster.emulator.call(
-        lambda: faults.extend(
-            [("patch", "scaleouts/status", 409), ("patch", "trainingjobs/status", 409)]
-        )
-    )
+    cluster.proxy.inject("patch", "scaleouts/status", 409)
+    cluster.proxy.inject("patch", "trainingjobs/status", 409)
     cluster.create(scaleout("once-only", "cf", 1), ns)
     st = settled(cluster, ns, SO, "once-only", "ScaleSucceeded")
-    assert faults == []  # both faults were hit
+    assert cluster.proxy.pending() == []  # both faults were hit
     assert st["addPods"] == ["cf-worker-2"]
     assert cluster.pods(ns, "cf", "worker") == ["cf-worker-0", "cf-worker-1", "cf-worker-2"]
     assert cluster.status(ns, "cf")["lastWorkerIndex"] == 2

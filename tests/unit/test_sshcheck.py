@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from etoperator.builders import ssh
+from etoperator.localcluster.kubelet import host_key, sshd_config
 from etoperator.sshcheck import SSHProber, busy_script, load_key
 from tests.harness import wait_for
-from tests.kubelet import host_key, sshd_config
 
 IP, PORT = "127.10.250.2", 2223
 

@@ -1,0 +1,168 @@
+"""A thin HTTPS proxy in front of the real apiserver that injects faults into the operator's
+requests: a refusal of the next matching write (409, 500, ...) or a cut of every open watch.
+The operator authenticates with a bearer token, which passes through unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from etoperator.localcluster import procs
+from etoperator.localcluster.controlplane import ControlPlane
+
+HOP = {"host", "connection", "upgrade", "transfer-encoding", "content-length", "keep-alive"}
+
+
+@dataclass
+class Fault:
+    verb: str  # "patch", "create", ...
+    resource: str  # "scaleouts/status", "pods", ...
+    status: int
+
+    def matches(self, method: str, path: str, has_name: bool) -> bool:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+            method, "get"
+        )
+        plural, _, sub = self.resource.partition("/")
+        tail = rf"/{plural}/[^/]+/{sub}$" if sub else rf"/{plural}(/[^/]+)?$"
+        return verb == self.verb and re.search(tail, path) is not None
+
+
+@dataclass
+class FaultProxy:
+    cp: ControlPlane
+    port: int = field(default_factory=procs.free_port)
+    faults: list[Fault] = field(default_factory=list)
+    _watches: set[web.StreamResponse] = field(default_factory=set)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> FaultProxy:
+        ready = threading.Event()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._serve())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=run, name="faultproxy", daemon=True).start()
+        ready.wait(30)
+        return self
+
+    def inject(self, verb: str, resource: str, status: int = 409) -> None:
+        with self._lock:
+            self.faults.append(Fault(verb, resource, status))
+
+    def pending(self) -> list[Fault]:
+        with self._lock:
+            return list(self.faults)
+
+    def drop_watches(self) -> None:
+        """Cut every watch stream the operator has open (as a load balancer might)."""
+        assert self._loop is not None
+
+        async def _drop() -> None:
+            for resp in list(self._watches):
+                if resp.task is not None:
+                    resp.task.cancel()
+
+        asyncio.run_coroutine_threadsafe(_drop(), self._loop).result(10)
+
+    async def _serve(self) -> None:
+        pair = self.cp.serving_cert("faultproxy", ("127.0.0.1",))
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(str(pair.cert), str(pair.key))
+        self._upstream = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(self.cp.ca))),
+            read_bufsize=1 << 22,
+        )
+        app = web.Application(client_max_size=1 << 26)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=ctx).start()
+
+    def _take(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for f in self.faults:
+                if f.matches(method, path, True):
+                    self.faults.remove(f)
+                    return f
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        fault = self._take(request.method, request.path)
+        if fault is not None:
+            return web.json_response(_status(fault.status), status=fault.status)
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await self._websocket(request)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        body = await request.read()
+        async with self._upstream.request(
+            request.method,
+            self.cp.url + request.path_qs,
+            headers=headers,
+            data=body or None,
+            skip_auto_headers=("Content-Type",),
+            timeout=aiohttp.ClientTimeout(total=None),
+        ) as up:
+            resp = web.StreamResponse(status=up.status)
+            for k, v in up.headers.items():
+                if k.lower() not in HOP:
+                    resp.headers[k] = v
+            await resp.prepare(request)
+            watching = request.query.get("watch") in ("1", "true")
+            if watching:
+                self._watches.add(resp)
+            try:
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+            except (aiohttp.ClientPayloadError, ConnectionResetError):
+                pass  # the apiserver or the operator went away mid-stream: end it here too
+            finally:
+                self._watches.discard(resp)
+            return resp
+
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        wanted = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        headers = {"Authorization": request.headers.get("Authorization", "")}
+        async with self._upstream.ws_connect(
+            self.cp.url.replace("https", "wss") + request.path_qs,
+            protocols=[p for p in wanted if p],
+            headers=headers,
+        ) as up:
+            down = web.WebSocketResponse(protocols=[up.protocol] if up.protocol else [])
+            await down.prepare(request)
+            async for msg in up:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    await down.send_bytes(msg.data)
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    await down.send_str(msg.data)
+            await down.close()
+            return down
+
+
+def _status(code: int) -> dict[str, Any]:
+    reason = {409: "Conflict", 500: "InternalError", 429: "TooManyRequests"}.get(code, "Unknown")
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": f"injected by the test's fault proxy: {reason}",
+        "reason": reason,
+        "code": code,
+    }
