@@ -7,14 +7,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
-from etoperator import naming
+from etoperator import clock, naming
 
 log = logging.getLogger(__name__)
 
@@ -230,34 +230,38 @@ class Kube:
     ) -> None:
         """Post a Kubernetes Event about `obj` (never raises: events are best effort)."""
         meta = obj.get("metadata", {})
-        ts = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{meta.get('name', 'x')}.",
-                "namespace": meta["namespace"],
-            },
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion"),
-                "kind": obj.get("kind"),
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": etype,
-            "source": {"component": "etoperator"},
-            "reportingComponent": "etoperator",
-            "firstTimestamp": ts,
-            "lastTimestamp": ts,
-            "count": 1,
-        }
+        event = event_manifest(obj, etype, reason, message, now)
         try:
             self._call("POST", _path("Event", meta["namespace"]), body=event)
         except (ApiError, Conflict, AlreadyExists) as exc:
             log.warning(
                 "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"), exc
             )
+
+
+def event_manifest(
+    obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime
+) -> dict[str, Any]:
+    meta = obj.get("metadata", {})
+    ts = clock.iso(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'x')}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": etype,
+        "source": {"component": "etoperator"},
+        "reportingComponent": "etoperator",
+        "firstTimestamp": ts,
+        "lastTimestamp": ts,
+        "count": 1,
+    }

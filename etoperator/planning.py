@@ -25,20 +25,8 @@ from typing import Any
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.clock import iso, parse_iso
 from etoperator.status import Event
-
-
-def iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_iso(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    try:
-        return datetime.strptime(s[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=None)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

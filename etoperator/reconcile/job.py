@@ -19,7 +19,7 @@ import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import paramiko
@@ -29,6 +29,7 @@ from etoperator import status as st
 from etoperator.api.models import InvalidSpec, JobSpec, ScalerSpec, parse_job, parse_scaler
 from etoperator.builders import config, pods, rbac, ssh
 from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.clock import iso, utcnow
 from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, PodView, ScalerView, plan_job, plan_orphan_scaler
 from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
@@ -36,10 +37,6 @@ from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 log = logging.getLogger(__name__)
 
 SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def _container_exit(pod: dict[str, Any]) -> tuple[int | None, str]:
@@ -349,7 +346,7 @@ class JobReconciler:
             self.kube.event(obs.job, "Warning", "ChildConflict", "; ".join(problems), self.clock())
 
     def now(self) -> str:
-        return self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        return iso(self.clock())
 
     # -- act -----------------------------------------------------------------------------
 
