@@ -1,8 +1,8 @@
-# etoperator: `make setup` once, then `make test`.
+# etoperator: `make demo` to try it on this machine, `make test` to test it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test lint unit integration fullchain crds bench demo cluster-test
+.PHONY: setup test lint unit integration fullchain crds bench demo demo-down cluster-test
 
 setup:
 	hack/setup.sh
@@ -34,3 +34,11 @@ bench:
 # The real-cluster tier: make cluster-test KUBECONFIG=~/.kube/config
 cluster-test:
 	$(PY) -m pytest -q -s tests/cluster --kubeconfig=$(KUBECONFIG)
+
+# A local cluster with the operator and a tour of elastic training; ARGS=--no-tour only brings
+# it up. It keeps running until Ctrl-C or `make demo-down`.
+demo: setup
+	$(PY) -m etoperator.localcluster.demo $(ARGS)
+
+demo-down:
+	$(PY) -m etoperator.localcluster.demo --down

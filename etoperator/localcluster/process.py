@@ -27,6 +27,7 @@ What it cannot: resource limits, images, readiness probes, restarts in place, an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etoperator.localcluster import volumes
+from etoperator.localcluster import procs, volumes
 from etoperator.localcluster.kubelet import Key, Kubelet, wait_port
 
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -54,13 +55,21 @@ class ProcessKubelet(Kubelet):
     ssh_dirs: dict[Key, tuple[Path, bytes]] = field(default_factory=dict)
     logs: dict[Key, Path] = field(default_factory=dict)
     envs: dict[Key, dict[str, str]] = field(default_factory=dict)
+    made_dirs: list[Path] = field(default_factory=list)
 
     def start(self) -> None:
-        # Empty mount points the pods' bind mounts need on this machine.
-        for path in ("/root/.ssh", "/etc/edl", SA_PATH, IMAGE_PATH):
+        # Empty mount points the pods' bind mounts need on this machine (removed at stop).
+        for path in ("/root/.ssh", "/etc/edl", SA_PATH, IMAGE_PATH, "/run/sshd"):
+            missing = [p for p in (Path(path), *Path(path).parents) if not p.exists()]
             Path(path).mkdir(parents=True, exist_ok=True)
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+            self.made_dirs += missing
         super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        for d in sorted(self.made_dirs, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only if still empty
 
     def log_path(self, key: Key) -> Path | None:
         return self.logs.get(key)
@@ -125,15 +134,7 @@ class ProcessKubelet(Kubelet):
             "unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
             "--kill-child=SIGKILL", "sh", "-c", script,
         ]  # fmt: skip
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        proc = procs.spawn(argv, log, env=env)
         self.procs[key] = proc
         self._write_dns(ns)
         if is_sshd and not await wait_port(ip, self.sshd_port, 15):

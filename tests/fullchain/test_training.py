@@ -1,50 +1,19 @@
 """The whole chain on one machine: kubectl -> kube-apiserver -> operator -> real sshd workers and a
-real `horovodrun` launcher running the example elastic training, scaled while it trains."""
+real `horovodrun` launcher running the example elastic training. The tour of scaling steps runs
+through `make demo` (tests/fullchain/test_demo.py); here, a preemption notice."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import cast
 
 import pytest
 
 from etoperator.localcluster.process import ProcessKubelet
-from etoperator.localcluster.tour import JOB, Tour, Training, example_steps
+from etoperator.localcluster.tour import JOB, Training, example_steps
 from tests.harness import ROOT, Cluster, wait_for
 
 pytestmark = pytest.mark.fullchain
-
-
-def test_elastic_training_survives_scaling_and_worker_loss(chain: Cluster) -> None:
-    c = chain
-    kubelet = cast(ProcessKubelet, c.kubelet)
-    ns = c.new_namespace()
-    launcher = (ns, f"{JOB}-launcher")
-
-    def launcher_log() -> str:
-        path = kubelet.logs.get(launcher)
-        return path.read_text(errors="replace") if path and path.exists() else ""
-
-    scenario = Tour(
-        kubectl=lambda *a, **kw: c.kubectl("-n", ns, *a, **kw),
-        launcher_log=launcher_log,
-        kill_worker=lambda name: kubelet.crash(ns, name),
-        hosts=lambda: c.hosts(ns, JOB),
-        phase=lambda: c.phase(ns, JOB),
-    )
-    out = os.environ.get("ETOPERATOR_FULLCHAIN_RESULTS")
-    timings = scenario.run(Path(out) if out else None)
-    assert set(timings) == {
-        "steps_per_s_at_2",
-        "scale_out_+2",
-        "scale_in_count_1",
-        "scale_in_by_name",
-        "kubectl_scale_3",
-        "worker_killed",
-    }
-    wait_for(lambda: c.pods(ns, JOB, "worker") == [], 30, "workers cleaned up")
 
 
 def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:

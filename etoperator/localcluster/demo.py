@@ -1,0 +1,210 @@
+"""`make demo`: a local elastic-training cluster on this machine, and a tour of what it does.
+
+    python -m etoperator.localcluster.demo            # up, the tour, then keep running
+    python -m etoperator.localcluster.demo --no-tour  # only bring the cluster up
+    python -m etoperator.localcluster.demo --down     # stop a demo running elsewhere
+
+A real control plane (etcd, kube-apiserver, kube-controller-manager), the process kubelet
+(real sshd workers, the real horovodrun launcher) and the operator under its deploy/ RBAC.
+Ctrl-C stops every process it started and removes its directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from etoperator.localcluster import procs
+from etoperator.localcluster.cluster import LocalCluster
+from etoperator.localcluster.controlplane import binaries
+from etoperator.localcluster.process import ProcessKubelet
+from etoperator.localcluster.tour import JOB, Tour, TourFailed
+
+DEFAULT_DIR = Path("/tmp/etoperator-demo")
+SSH_PORT = 2022
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n")[0])
+    p.add_argument("--no-tour", action="store_true", help="only bring the cluster up")
+    p.add_argument("--exit", action="store_true", help="stop when the tour ends (no waiting)")
+    p.add_argument("--down", action="store_true", help="stop a running demo")
+    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where its state lives")
+    p.add_argument("--api-port", type=int, default=6443, help="the apiserver's port")
+    p.add_argument("--results", type=Path, help="write the tour's timings here (JSON)")
+    return p
+
+
+class Stages:
+    """One progress line a stage, with how long it took."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        now = time.monotonic()
+        print(f"[{now - self.t0:6.1f}s] {what} (+{now - self.last:.1f}s)", flush=True)
+        self.last = now
+
+
+def pid_file(d: Path) -> Path:
+    return d / "demo.pid"
+
+
+def running_pid(d: Path) -> int | None:
+    try:
+        pid = int(pid_file(d).read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
+def preflight(args: argparse.Namespace) -> list[str]:
+    """What stands in the way, each as a sentence that says what to do."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append(
+            "the process kubelet needs root (mount and PID namespaces, sshd on pod addresses): "
+            "run it as root"
+        )
+    for tool in ("unshare", "nsenter", "ssh"):
+        if shutil.which(tool) is None:
+            problems.append(f"{tool} is missing: run `make setup`")
+    if not Path("/usr/sbin/sshd").exists():
+        problems.append("sshd is missing: run `make setup`")
+    if not (Path(sys.executable).parent / "horovodrun").exists():
+        problems.append("horovodrun is missing from the virtualenv: run `make setup`")
+    pid = running_pid(args.dir)
+    if pid is not None:
+        problems.append(f"a demo is already running (pid {pid}): stop it with `make demo-down`")
+    elif procs.port_in_use(args.api_port):
+        problems.append(
+            f"port {args.api_port} is in use (another cluster?): stop it, or pass "
+            f"ARGS='--api-port N'"
+        )
+    return problems
+
+
+def down(d: Path) -> int:
+    pid = running_pid(d)
+    if pid is None:
+        print(f"no demo is running (nothing in {d})")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while running_pid(d) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(f"stopped the demo (pid {pid})")
+    return 0
+
+
+def tour(lc: LocalCluster, kubelet: ProcessKubelet, results: Path | None) -> None:
+    def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert lc.cp is not None
+        cmd = [str(lc.cp.kubectl_path()), "--kubeconfig", str(lc.kubeconfig), *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if check and res.returncode != 0:
+            raise TourFailed(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
+        return res
+
+    def jsonpath(path: str) -> str:
+        return kubectl("get", "tj", JOB, "-o", f"jsonpath={path}", check=False).stdout
+
+    Tour(
+        kubectl=kubectl,
+        launcher_log=throttled(lambda: kubectl("logs", f"{JOB}-launcher", check=False).stdout),
+        kill_worker=lambda name: kubelet.crash("default", name),
+        hosts=lambda: list(json.loads(jsonpath("{.status.currentWorkers}") or "[]")),
+        phase=lambda: jsonpath("{.status.phase}"),
+        show=True,
+    ).run(results)
+
+
+def throttled(read: Callable[[], str], every: float = 0.5) -> Callable[[], str]:
+    """`kubectl logs` at most every `every` seconds, so that polling does not eat a core."""
+    last: list[tuple[float, str]] = []
+
+    def get() -> str:
+        if not last or time.monotonic() - last[0][0] >= every:
+            last[:] = [(time.monotonic(), read())]
+        return last[0][1]
+
+    return get
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.down:
+        return down(args.dir)
+    problems = preflight(args)
+    if problems:
+        for p in problems:
+            print(f"demo: {p}", file=sys.stderr)
+        return 2
+    if args.dir.exists():
+        print(f"cleaning up a stale demo in {args.dir}")
+        shutil.rmtree(args.dir)
+    args.dir.mkdir(parents=True)
+    pid_file(args.dir).write_text(str(os.getpid()))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stage = Stages()
+    bin_dir = binaries()
+    stage(f"control-plane binaries ready in {bin_dir}")
+    lc = LocalCluster(
+        args.dir / "cluster",
+        lambda cp: ProcessKubelet(
+            cp, args.dir / "pods", ssh_port=SSH_PORT, venv_bin=Path(sys.executable).parent
+        ),
+        SSH_PORT,
+        api_port=args.api_port,
+        progress=stage,
+    )
+    try:
+        return run(args, lc, stage, stop)
+    finally:
+        lc.stop()
+        shutil.rmtree(args.dir, ignore_errors=True)
+        print("demo stopped: every process it started has ended", flush=True)
+
+
+def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threading.Event) -> int:
+    lc.start()
+    lc.wait_namespace_ready("default")
+    stage("namespace default ready")
+    assert isinstance(lc.kubelet, ProcessKubelet) and lc.cp is not None
+    if not args.no_tour:
+        try:
+            tour(lc, lc.kubelet, args.results)
+        except TourFailed as exc:
+            print(f"demo: the tour failed: {exc}", file=sys.stderr)
+            return 1
+        stage("tour done")
+    print(
+        f"\nThe cluster keeps running. In another shell:\n"
+        f"  export KUBECONFIG={lc.kubeconfig}\n"
+        f"  export PATH={lc.cp.bin}:$PATH\n"
+        f"  kubectl get tj,so,si\n"
+        f"  kubectl create -f examples/scale_out.yaml\n"
+        f"  kubectl logs -f {JOB}-launcher\n"
+        f"Ctrl-C (or `make demo-down`) stops it.",
+        flush=True,
+    )
+    if not args.exit:
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`make demo`, non-interactive, end to end: the local cluster comes up stage by stage, the tour
+(ScaleOut +2, ScaleIn by count and by name, kubectl scale, a killed worker) trains through
+every step to a Succeeded job, and stopping leaves no process, mount point or directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etoperator.localcluster import procs
+from tests.harness import ROOT
+
+pytestmark = pytest.mark.fullchain
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                found.append(f"{d.name}: {cmd[:120]}")
+    return found
+
+
+def test_demo_tour_end_to_end(tmp_path: Path) -> None:
+    state, results = tmp_path / "demo", tmp_path / "timings.json"
+    port = procs.free_port()
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+            "--dir", str(state), "--api-port", str(port), "--results", str(results),
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    print(out.stdout[-6000:])
+    assert out.returncode == 0, out.stderr[-4000:]
+    for stage in ("control-plane binaries ready", "control plane up", "operator started"):
+        assert stage in out.stdout
+    assert "job Succeeded" in out.stdout and "export KUBECONFIG=" in out.stdout
+    assert "elastic-training-scaleout" in out.stdout  # what kubectl get tj,so,si showed
+    timings = json.loads(results.read_text())
+    assert set(timings) == {
+        "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
+        "kubectl_scale_3", "worker_killed",
+    }  # fmt: skip
+    # Nothing left behind: no process, no state directory.
+    assert processes_mentioning(str(state)) == []
+    assert not state.exists()
+
+
+def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+             "--dir", str(tmp_path / "d"), "--api-port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2
+    assert f"port {port} is in use" in out.stderr
+    assert not (tmp_path / "d").exists()
