@@ -168,16 +168,19 @@ def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str |
     return None
 
 
-def script_argv(spec: ScalerSpec, pods: list[str]) -> list[str]:
-    """The scaler's script as an argv list: values are passed as they are, no shell parses them."""
+def script_argv(spec: ScalerSpec, pods: list[str], slots: int) -> list[str]:
+    """The scaler's script called as the Go operator called it, `timeout <t> sh <script>
+    pod1:slots,pod2:slots`, so scripts written for it work unchanged; but as an argv list, with
+    `env` setting the variables: values arrive as written, no shell parses them."""
     assert spec.script is not None
     return [
         "timeout",
         str(spec.timeout),
         "env",
         *(f"{k}={v}" for k, v in spec.env),
+        "sh",
         spec.script,
-        *pods,
+        ",".join(f"{pod}:{slots}" for pod in pods),
     ]
 
 
@@ -673,7 +676,8 @@ class _Planner:
             return True
         if self.launcher is None or self.launcher.phase != "Running":
             return True  # nowhere to run it; the scale itself goes on
-        self.plan.run_scripts.append((sc.key, script_argv(sc.spec, pods), sc.spec.timeout))
+        argv = script_argv(sc.spec, pods, self.job().slots_per_worker)
+        self.plan.run_scripts.append((sc.key, argv, sc.spec.timeout))
         self.busy = True
         return False
 

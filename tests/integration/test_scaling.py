@@ -41,8 +41,14 @@ def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:
     assert cluster.job(ns, "so")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
     owner = cluster.obj(SO, ns, "grow")["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "TrainingJob" and owner["name"] == "so" and owner["controller"]
-    out = cluster.kubectl("get", "scaleout", "-n", ns).stdout
-    assert "ScaleSucceeded" in out and "PHASE" in out
+    out = cluster.kubectl("get", "scaleout", "-n", ns).stdout.splitlines()
+    assert out[1].split()[:5] == [
+        "grow",
+        "ScaleSucceeded",
+        "so",
+        "2",
+        '["so-worker-2","so-worker-3"]',
+    ]
 
 
 def test_scale_out_beyond_max_is_refused(cluster: Cluster, ns: str) -> None:
@@ -96,6 +102,10 @@ def test_scale_in_unknown_names_deletes_nothing(cluster: Cluster, ns: str) -> No
     assert cond and "names-worker-7" in cond["message"] and "nothing deleted" in cond["message"]
     assert cluster.pods(ns, "names", "worker") == ["names-worker-0", "names-worker-1"]
     assert cluster.hosts(ns, "names") == ["names-worker-0", "names-worker-1"]
+    # `kubectl get si -o wide` says which job and why it failed.
+    row = cluster.kubectl("get", "si", "typo", "-n", ns, "-o", "wide").stdout.splitlines()
+    assert row[0].split()[:5] == ["NAME", "PHASE", "JOB", "COUNT", "PODS"], row[0]
+    assert "REASON" in row[0] and "names-worker-7" in row[1] and "nothing deleted" in row[1]
 
 
 def test_scale_in_empty_pod_names_is_rejected(cluster: Cluster, ns: str) -> None:
@@ -298,8 +308,10 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
 ) -> None:
     out = tmp_path / "hook.out"
     hook = tmp_path / "hook.sh"
-    hook.write_text(f'#!/bin/sh\nprintf "%s\\n" "$GREETING" "$@" > {out}\n')
-    hook.chmod(0o755)
+    # Written for the Go operator: run by `sh`, so it needs no shebang or exec bit, and gets
+    # the scaler's pods as one argument `pod1:slots,pod2:slots`.
+    hook.write_text(f'printf "%s\\n" "$GREETING" "$@" > {out}\n')
+    hook.chmod(0o644)
     cluster.create(job("hook", replicas=1, maxReplicas=3), ns)
     running(cluster, ns, "hook", 1)
     manifest = scaleout("hooked", "hook", 2)
@@ -307,8 +319,8 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
     manifest["spec"].update(script=str(hook), env=[{"name": "GREETING", "value": tricky}])
     cluster.create(manifest, ns)
     settled(cluster, ns, SO, "hooked", "ScaleSucceeded")
-    # The script ran once, with the scaler's own pods as arguments and the value verbatim.
-    assert out.read_text().splitlines() == [tricky, "hook-worker-1", "hook-worker-2"]
+    # The script ran once, with the scaler's own pods as one argument and the value verbatim.
+    assert out.read_text().splitlines() == [tricky, "hook-worker-1:1,hook-worker-2:1"]
     cond = cluster.condition(ns, "hooked", "ScriptExecuted", SO)
     assert cond and cond["status"] == "True" and "exited 0" in cond["message"]
     import os
