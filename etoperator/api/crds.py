@@ -19,10 +19,17 @@ from etoperator.api import models
 Schema = dict[str, Any]
 
 
-def _int(minimum: int | None = None, default: int | None = None, desc: str = "") -> Schema:
+def _int(
+    minimum: int | None = None,
+    default: int | None = None,
+    desc: str = "",
+    maximum: int | None = None,
+) -> Schema:
     s: Schema = {"type": "integer", "format": "int32"}
     if minimum is not None:
         s["minimum"] = minimum
+    if maximum is not None:
+        s["maximum"] = maximum
     if default is not None:
         s["default"] = default
     if desc:
@@ -194,7 +201,9 @@ def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
                 "required": ["name"],
                 "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 63}},
             },
-            "timeout": _int(1, models.DEFAULT_TIMEOUT, "seconds the scale may take"),
+            "timeout": _int(
+                1, models.DEFAULT_TIMEOUT, "seconds the scale may take", models.MAX_TIMEOUT
+            ),
             "script": {
                 "type": "string",
                 "description": "absolute path of a script in the launcher",
@@ -301,6 +310,23 @@ def _crd(
 _PHASE: dict[str, Any] = {"name": "Phase", "type": "string", "jsonPath": ".status.phase"}
 
 
+def _scaler_columns(count: str, pods: str) -> list[dict[str, Any]]:
+    """What a user wants from `kubectl get so,si`: which job, how many, which pods, and why a
+    scale failed."""
+    return [
+        _PHASE,
+        {"name": "Job", "type": "string", "jsonPath": ".spec.selector.name"},
+        {"name": "Count", "type": "integer", "jsonPath": count},
+        {"name": "Pods", "type": "string", "jsonPath": pods},
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="ScaleFailed")].message',
+            "priority": 1,
+        },
+    ]
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name -> CRD manifest."""
     return {
@@ -335,14 +361,14 @@ def all_crds() -> dict[str, dict[str, Any]]:
             naming.SCALEOUT_PLURAL,
             "so",
             scaleout_schema(),
-            [_PHASE, {"name": "Job", "type": "string", "jsonPath": ".spec.selector.name"}],
+            _scaler_columns(".spec.toAdd.count", ".status.addPods"),
         ),
         "scaleins.yaml": _crd(
             naming.SCALEIN_KIND,
             naming.SCALEIN_PLURAL,
             "si",
             scalein_schema(),
-            [_PHASE, {"name": "Job", "type": "string", "jsonPath": ".spec.selector.name"}],
+            _scaler_columns(".spec.toDelete.count", ".status.toDeletePods"),
         ),
     }
 

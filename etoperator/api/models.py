@@ -19,6 +19,9 @@ JOB_RESTART_POLICIES = ("Never", "OnFailure")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 ATTACH_MODES = ("ssh",)
 DEFAULT_TIMEOUT = 60
+# A scale waits at most a day: longer overflows timers (a ScaleOut waiting on capacity should
+# fail and be retried, not hold the job's scaler queue for weeks).
+MAX_TIMEOUT = 86_400
 DEFAULT_BACKOFF_LIMIT = 6
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -27,13 +30,21 @@ class InvalidSpec(ValueError):
     """A spec the operator cannot run; the message is shown to the user as-is."""
 
 
-def _int(value: Any, what: str, default: int | None, minimum: int | None = None) -> int | None:
+def _int(
+    value: Any,
+    what: str,
+    default: int | None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int | None:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidSpec(f"{what} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise InvalidSpec(f"{what} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidSpec(f"{what} must be at most {maximum}, got {value}")
     return value
 
 
@@ -201,7 +212,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         raise InvalidSpec("spec.selector.name must name a TrainingJob")
     if not naming.is_dns1123_label(job):
         raise InvalidSpec(f"spec.selector.name {job!r} is not a valid TrainingJob name")
-    timeout = _int(spec.get("timeout"), "spec.timeout", DEFAULT_TIMEOUT, 1)
+    timeout = _int(spec.get("timeout"), "spec.timeout", DEFAULT_TIMEOUT, 1, MAX_TIMEOUT)
     assert timeout is not None
     script = spec.get("script")
     if script is not None and (not isinstance(script, str) or not script.startswith("/")):

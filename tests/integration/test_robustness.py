@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job
+from tests.integration.jobs import job, scaleout
 from tests.integration.test_lifecycle import running
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,15 @@ def test_schema_rejects(
     res = cluster.kubectl_create(ns, manifest)
     assert res.returncode != 0 and needle in res.stderr, res.stderr
     assert cluster.api.get("TrainingJob", ns, "bad") is None
+
+
+def test_schema_bounds_scaler_timeout(cluster: Cluster, ns: str) -> None:
+    """A timeout past what timers take (2147479 s overflowed the exec client) never reaches the
+    operator: kubectl is told the bound."""
+    res = cluster.kubectl_create(ns, scaleout("forever", "j", 1, timeout=2_147_479))
+    assert res.returncode != 0
+    assert "spec.timeout" in res.stderr and "less than or equal to 86400" in res.stderr
+    assert cluster.kubectl_create(ns, scaleout("day", "j", 1, timeout=86_400)).returncode == 0
 
 
 def test_missing_optional_fields_are_defaulted_not_fatal(cluster: Cluster, ns: str) -> None:

@@ -133,6 +133,7 @@ def test_suspend_annotation() -> None:
         (scalein("s", "j", pod_names=["$(reboot)"]), "invalid pod name"),
         (scaleout("s", "j", 0), "at least 1"),
         (scaleout("s", "Bad_Job", 1), "not a valid"),
+        (scaleout("s", "j", 1, timeout=2_147_479), "spec.timeout must be at most 86400"),
     ],
 )
 def test_parse_scaler_refuses(manifest: dict[str, Any], needle: str) -> None:
