@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from etoperator.localcluster import procs
 from etoperator.localcluster.cluster import OPERATOR_USER
 from etoperator.localcluster.kubelet import Kubelet
 from tests.harness import ROOT, Cluster, start_cluster, wait_for
@@ -213,32 +214,20 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
 
 
 def p4_p6(tmp: Path) -> list[Row]:
-    results = tmp / "fullchain.json"
-    env = {**os.environ, "ETOPERATOR_FULLCHAIN_RESULTS": str(results)}
-    log = tmp / "fullchain.log"
+    """The tour of `make demo` (full chain: real horovodrun), non-interactive, timed."""
+    results = tmp / "tour.json"
+    log = tmp / "demo.log"
     with open(log, "w") as out:
         code = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-x",
-                "-s",
-                "tests/fullchain",
-                "-k",
-                "survives",
-                "-p",
-                "no:cacheprovider",
-                f"--basetemp={tmp / 'fc'}",
+                sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+                "--dir", str(tmp / "demo"), "--api-port", str(procs.free_port()),
+                "--results", str(results),
             ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        ).returncode
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        ).returncode  # fmt: skip
     if code != 0:
-        raise AssertionError("full chain failed: " + log.read_text()[-1500:])
+        raise AssertionError("the demo's tour failed: " + log.read_text()[-1500:])
     t = json.loads(results.read_text())
     rows: list[Row] = [
         ("P4", "worker killed -> first step at the new size", f"{t['worker_killed']:.2f}s", ""),
@@ -250,6 +239,7 @@ def p4_p6(tmp: Path) -> list[Row]:
         ),
         ("P4", "ScaleIn (count) -> first step at 3", f"{t['scale_in_count_1']:.2f}s", ""),
         ("P4", "ScaleIn (name) -> first step at 2", f"{t['scale_in_by_name']:.2f}s", ""),
+        ("P4", "kubectl scale 2 -> 3: first step at 3", f"{t['kubectl_scale_3']:.2f}s", ""),
     ]
     rows.append(
         (

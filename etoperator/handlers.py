@@ -44,7 +44,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
-    api = kube.load_config(cfg.kubeconfig)
+    api = kube.load_config(cfg.kubeconfig, connections=2 * cfg.workers)
     reconciler = JobReconciler(
         kube=kube.Kube(api),
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),

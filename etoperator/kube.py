@@ -53,8 +53,12 @@ class ApiError(Exception):
         self.status = status
 
 
-def load_config(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
-    """An API client from a kubeconfig, or from the in-cluster service account."""
+def load_config(
+    kubeconfig: str | None = None, context: str | None = None, connections: int = 32
+) -> k8s.ApiClient:
+    """An API client from a kubeconfig, or from the in-cluster service account. `connections`
+    should cover the threads that share it: past the pool, every request is a new TLS
+    handshake."""
     if kubeconfig or context:
         k8s_config.load_kube_config(config_file=kubeconfig, context=context)
     else:
@@ -62,7 +66,9 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> k8
             k8s_config.load_incluster_config()
         except k8s_config.ConfigException:
             k8s_config.load_kube_config()
-    return k8s.ApiClient()
+    cfg = k8s.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = connections
+    return k8s.ApiClient(cfg)
 
 
 def _reason(exc: ApiException) -> str:

@@ -34,6 +34,8 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     yield name
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120)}")
+    # Gone with its jobs (in the background): later tests share the operator with no one.
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
