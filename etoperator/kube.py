@@ -46,11 +46,13 @@ class AlreadyExists(Exception):
 
 
 class ApiError(Exception):
-    """Any other refusal from the API server; the message holds its reason."""
+    """Any other refusal from the API server; the message holds its reason, `request` what was
+    asked ("create Pod ns/name")."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, request: str = "") -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.request = request
 
 
 def load_config(
@@ -79,7 +81,7 @@ def _reason(exc: ApiException) -> str:
 
 
 @contextmanager
-def _translate() -> Iterator[None]:
+def _translate(request: str = "") -> Iterator[None]:
     try:
         yield
     except ApiException as exc:
@@ -88,7 +90,7 @@ def _translate() -> Iterator[None]:
             if "AlreadyExists" in body or "already exists" in body:
                 raise AlreadyExists(_reason(exc)) from None
             raise Conflict(_reason(exc)) from None
-        raise ApiError(exc.status or 0, _reason(exc)) from None
+        raise ApiError(exc.status or 0, _reason(exc), request) from None
 
 
 def _path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -116,7 +118,8 @@ class Kube:
     ) -> Any:
         self.requests += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        with _translate():
+        name = (body or {}).get("metadata", {}).get("name") if method == "POST" else None
+        with _translate(f"{method} {path}" + (f" ({name})" if name else "")):
             if hasattr(self.api, "param_serialize"):  # kubernetes >= 31
                 m, url, hdrs, raw, post = self.api.param_serialize(
                     method=method,

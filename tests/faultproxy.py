@@ -25,6 +25,7 @@ class Fault:
     verb: str  # "patch", "create", ...
     resource: str  # "scaleouts/status", "pods", ...
     status: int
+    times: int = 1  # how many matching requests it refuses
 
     def matches(self, method: str, path: str, has_name: bool) -> bool:
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
@@ -61,9 +62,13 @@ class FaultProxy:
         ready.wait(30)
         return self
 
-    def inject(self, verb: str, resource: str, status: int = 409) -> None:
+    def inject(self, verb: str, resource: str, status: int = 409, times: int = 1) -> None:
         with self._lock:
-            self.faults.append(Fault(verb, resource, status))
+            self.faults.append(Fault(verb, resource, status, times))
+
+    def clear(self) -> None:
+        with self._lock:
+            self.faults.clear()
 
     def pending(self) -> list[Fault]:
         with self._lock:
@@ -98,7 +103,9 @@ class FaultProxy:
         with self._lock:
             for f in self.faults:
                 if f.matches(method, path, True):
-                    self.faults.remove(f)
+                    f.times -= 1
+                    if f.times <= 0:
+                        self.faults.remove(f)
                     return f
         return None
 
@@ -156,7 +163,13 @@ class FaultProxy:
 
 
 def _status(code: int) -> dict[str, Any]:
-    reason = {409: "Conflict", 500: "InternalError", 429: "TooManyRequests"}.get(code, "Unknown")
+    reason = {
+        403: "Forbidden",
+        409: "Conflict",
+        422: "Invalid",
+        429: "TooManyRequests",
+        500: "InternalError",
+    }.get(code, "Unknown")
     return {
         "kind": "Status",
         "apiVersion": "v1",

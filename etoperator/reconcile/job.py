@@ -37,6 +37,12 @@ from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 log = logging.getLogger(__name__)
 
 SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
+REFUSED_RETRY = 30.0  # seconds between tries of a write the apiserver refused
+
+
+def refused(exc: ApiError) -> bool:
+    """A refusal that retrying at once will not change (not a 404, conflict or throttle)."""
+    return 400 <= exc.status < 500 and exc.status not in (404, 409, 429)
 
 
 def _container_exit(pod: dict[str, Any]) -> tuple[int | None, str]:
@@ -216,32 +222,40 @@ class JobReconciler:
             obs = self.observe(namespace, name)
             if obs is None:
                 return 0.0
-            job = obs.job
-            if obs.spec is not None and not self.ensure_basics(obs):
-                return 5.0
-            inp = JobInput(
-                name=name,
-                namespace=namespace,
-                generation=int(job["metadata"].get("generation") or 0),
-                spec=obs.spec,
-                error=obs.error,
-                status=copy.deepcopy(job.get("status") or {}),
-                pods=self.pod_views(obs),
-                scalers=self.scaler_views(obs),
-                now=self.clock(),
-                published=config.hosts_of((obs.configmap or {}).get("data"))
-                if obs.configmap
-                else None,
-            )
-            plan = plan_job(inp)
             try:
-                self.act(obs, inp, plan)
-            except Conflict as exc:
-                log.info(
-                    "Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc
-                )
-                return 0.2
-            return plan.requeue
+                return self.reconcile_observed(obs)
+            except ApiError as exc:
+                if not refused(exc):
+                    raise
+                self.report_refused(obs, exc)
+                return REFUSED_RETRY
+
+    def reconcile_observed(self, obs: Observed) -> float:
+        """observe (done) -> plan -> act; the seconds until the next pass."""
+        job = obs.job
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        if obs.spec is not None and not self.ensure_basics(obs):
+            return 5.0
+        inp = JobInput(
+            name=name,
+            namespace=namespace,
+            generation=int(job["metadata"].get("generation") or 0),
+            spec=obs.spec,
+            error=obs.error,
+            status=copy.deepcopy(job.get("status") or {}),
+            pods=self.pod_views(obs),
+            scalers=self.scaler_views(obs),
+            now=self.clock(),
+            published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
+        )
+        plan = plan_job(inp)
+        try:
+            self.act(obs, inp, plan)
+        except Conflict as exc:
+            log.info("Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc)
+            return 0.2
+        self.clear_refused(obs)
+        return plan.requeue
 
     def ensure_basics(self, obs: Observed) -> bool:
         """Secret, ConfigMap and the launcher's RBAC; False when blocked (reported on the job)."""
@@ -305,7 +319,8 @@ class JobReconciler:
         return not problems
 
     def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
-        """Create `obj`; a same-named object this job does not control is a problem, not ours."""
+        """Create `obj`; a same-named object this job does not control is a problem, not ours.
+        A refusal by the apiserver propagates: the pass reports it as Blocked/APIRefused."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             self.kube.create(obj)
@@ -316,34 +331,49 @@ class JobReconciler:
             if existing is None or is_controlled_by(existing, obs.job["metadata"]["uid"]):
                 return []
             return [f"{kind} {name} exists and is not owned by this job; not touching it"]
-        except ApiError as exc:
-            return [f"could not create {kind} {name}: {exc}"]
 
     def report_blocked(self, obs: Observed, problems: list[str]) -> None:
-        status = obs.job.get("status") or {}
-        conds = status.get("conditions") or []
+        """Children in the way (foreign objects of our names): Blocked/ChildConflict, cleared
+        when they are gone (a refusal by the apiserver is cleared by `clear_refused`)."""
+        conds = (obs.job.get("status") or {}).get("conditions") or []
+        blocked = st.condition(conds, "Blocked") or {}
         if problems:
-            new, changed = st.set_condition(
-                conds, "Blocked", "True", "ChildConflict", "; ".join(problems), self.now()
-            )
-        elif st.is_true(conds, "Blocked"):
-            new, changed = st.set_condition(
-                conds, "Blocked", "False", "Resolved", "nothing blocks the job", self.now()
-            )
-        else:
-            return
-        if not changed:
-            return
-        self.kube.patch(
-            naming.JOB_KIND,
-            obs.job["metadata"]["namespace"],
-            obs.job["metadata"]["name"],
-            {"status": {"conditions": new}},
-            sub="status",
-        )
-        obs.job.setdefault("status", {})["conditions"] = new
-        if problems:
-            self.kube.event(obs.job, "Warning", "ChildConflict", "; ".join(problems), self.clock())
+            message = "; ".join(problems)
+            if self._set_blocked(obs, "True", "ChildConflict", message):
+                self.kube.event(obs.job, "Warning", "ChildConflict", message, self.clock())
+        elif blocked.get("status") == "True" and blocked.get("reason") == "ChildConflict":
+            self._set_blocked(obs, "False", "Resolved", "nothing blocks the job")
+
+    def report_refused(self, obs: Observed, exc: ApiError) -> None:
+        """A write the apiserver refused (RBAC, admission, quota, validation): said on the job
+        once, as Blocked/APIRefused with the server's words, and retried after a while."""
+        log.warning(
+            "Refused namespace=%s job=%s error=%s retry_in=%.0fs",
+            obs.job["metadata"]["namespace"], obs.job["metadata"]["name"], exc, REFUSED_RETRY,
+        )  # fmt: skip
+        message = f"the API server refused a write: {exc}"
+        if exc.request:
+            message = f"the API server refused {exc.request}: {exc}"
+        if self._set_blocked(obs, "True", "APIRefused", message):
+            self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
+
+    def clear_refused(self, obs: Observed) -> None:
+        conds = (obs.job.get("status") or {}).get("conditions") or []
+        blocked = st.condition(conds, "Blocked") or {}
+        if blocked.get("status") == "True" and blocked.get("reason") == "APIRefused":
+            self._set_blocked(obs, "False", "Resolved", "the API server accepts the job's writes")
+
+    def _set_blocked(self, obs: Observed, status: str, reason: str, message: str) -> bool:
+        conds = (obs.job.get("status") or {}).get("conditions") or []
+        new, changed = st.set_condition(conds, "Blocked", status, reason, message, self.now())
+        if changed:
+            meta = obs.job["metadata"]
+            self.kube.patch(
+                naming.JOB_KIND, meta["namespace"], meta["name"], {"status": {"conditions": new}},
+                sub="status",
+            )  # fmt: skip
+            obs.job.setdefault("status", {})["conditions"] = new
+        return changed
 
     def now(self) -> str:
         return iso(self.clock())

@@ -242,3 +242,30 @@ def test_discovery_script_sees_changes_within_two_seconds(
     env["KUBERNETES_SERVICE_PORT"] = "1"
     assert discover() == ["disc-worker-0", "disc-worker-2"]
     shutil.rmtree(etc)
+
+
+def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: str) -> None:
+    """Whatever the apiserver refuses (here every worker create, as an admission webhook or a
+    quota might) shows on the job as a Blocked condition with the server's words and a Warning
+    event, and clears once the write goes through."""
+    cluster.proxy.inject("create", "pods", 403, times=1000)
+    try:
+        cluster.create(job("refused", replicas=1), ns)
+        cond = wait_for(
+            lambda: cluster.condition(ns, "refused", "Blocked"), 20, "a Blocked condition"
+        )
+        assert cond is not None and cond["status"] == "True" and cond["reason"] == "APIRefused"
+        assert "injected" in cond["message"] and "Forbidden" in cond["message"]
+        assert (
+            "POST /api/v1/namespaces/" in cond["message"] and "refused-worker-0" in cond["message"]
+        )
+        events = [e for e in cluster.events(ns, "refused") if e["reason"] == "APIRefused"]
+        assert events and events[0]["type"] == "Warning"
+    finally:
+        cluster.proxy.clear()
+    running(cluster, ns, "refused", 1)
+    wait_for(
+        lambda: (cluster.condition(ns, "refused", "Blocked") or {}).get("status") == "False",
+        20,
+        "Blocked cleared",
+    )
