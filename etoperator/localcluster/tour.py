@@ -179,7 +179,9 @@ class Tour:
             lambda: self.hosts() == survivors, 10 * self.slow, "the killed worker out of the list"
         )
         self.finish(tr, steps)
-        self.say("transition timings (s): " + json.dumps(timings))
+        self.say(
+            "transition timings (s): " + json.dumps({k: round(v, 2) for k, v in timings.items()})
+        )
         if results is not None:
             results.write_text(json.dumps(timings, indent=2))
         return timings
