@@ -76,16 +76,7 @@ class Cluster:
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
-        res = subprocess.run(
-            [str(self.cp.kubectl_path()), "--kubeconfig", str(self.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            input=input,
-            timeout=60,
-        )
-        if check and res.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {res.stderr}")
-        return res
+        return self.local.run_kubectl(*args, input=input, check=check)
 
     def kubectl_create(self, ns: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
         """`kubectl create -f -` as a user would (validation on)."""

@@ -20,6 +20,10 @@ OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
 CRDS = ("trainingjobs", "scaleouts", "scaleins")
 
 
+class KubectlFailed(AssertionError):
+    """A kubectl call that had to succeed did not; the message has its stderr."""
+
+
 @dataclass
 class OperatorProcess:
     """The real operator (`etoperator run`) as a child process."""
@@ -79,7 +83,10 @@ class LocalCluster:
         assert self.cp is not None
         return self.cp.admin_kubeconfig
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+    def run_kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl of the control plane's version, as the cluster's admin."""
         assert self.cp is not None
         res = subprocess.run(
             [str(self.cp.kubectl_path()), "--kubeconfig", str(self.kubeconfig), *args],
@@ -89,8 +96,11 @@ class LocalCluster:
             timeout=120,
         )
         if check and res.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
-        return res.stdout
+            raise KubectlFailed(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
+        return res
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        return self.run_kubectl(*args, input=input, check=check).stdout
 
     def start(self, operator: bool = True, server: str | None = None) -> LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)

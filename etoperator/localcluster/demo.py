@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from etoperator.localcluster import procs
-from etoperator.localcluster.cluster import LocalCluster
+from etoperator.localcluster.cluster import KubectlFailed, LocalCluster
 from etoperator.localcluster.controlplane import binaries
 from etoperator.localcluster.process import ProcessKubelet
 from etoperator.localcluster.tour import JOB, Tour, TourFailed
@@ -110,12 +110,10 @@ def down(d: Path) -> int:
 
 def tour(lc: LocalCluster, kubelet: ProcessKubelet, results: Path | None) -> None:
     def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        assert lc.cp is not None
-        cmd = [str(lc.cp.kubectl_path()), "--kubeconfig", str(lc.kubeconfig), *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if check and res.returncode != 0:
-            raise TourFailed(f"kubectl {' '.join(args)}: {res.stderr.strip()}")
-        return res
+        try:
+            return lc.run_kubectl(*args, check=check)
+        except KubectlFailed as exc:
+            raise TourFailed(str(exc)) from None
 
     def jsonpath(path: str) -> str:
         return kubectl("get", "tj", JOB, "-o", f"jsonpath={path}", check=False).stdout

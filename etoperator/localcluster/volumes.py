@@ -91,22 +91,18 @@ class VolumeSource:
 
     async def files(self, pod: dict[str, Any], vol: dict[str, Any]) -> Files:
         ns = pod["metadata"]["namespace"]
-        if "secret" in vol:
-            src = vol["secret"]
-            data = await self.secret(ns, src["secretName"])
-            if data is None:
-                if src.get("optional"):
-                    return {}
-                raise VolumeNotReady(f"secret {src['secretName']} not found")
-            return _select(data, src.get("items"), int(src.get("defaultMode", 0o644)))
-        if "configMap" in vol:
-            src = vol["configMap"]
-            data = await self.configmap(ns, src["name"])
-            if data is None:
-                if src.get("optional"):
-                    return {}
-                raise VolumeNotReady(f"configmap {src['name']} not found")
-            return _select(data, src.get("items"), int(src.get("defaultMode", 0o644)))
+        for kind, name_key, read in (
+            ("secret", "secretName", self.secret),
+            ("configMap", "name", self.configmap),
+        ):
+            if kind in vol:
+                src = vol[kind]
+                data = await read(ns, src[name_key])
+                if data is None:
+                    if src.get("optional"):
+                        return {}
+                    raise VolumeNotReady(f"{kind} {src[name_key]} not found")
+                return _select(data, src.get("items"), int(src.get("defaultMode", 0o644)))
         if "projected" in vol:
             return await self._projected(pod, vol["projected"])
         return {}  # emptyDir and the rest: an empty directory
