@@ -40,7 +40,9 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.posting.level = logging.WARNING
     # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
-    settings.watching.label_selectors["", "v1", "pods"] = f"{naming.LABEL_GROUP}={naming.GROUP}"
+    ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
+    for plural in ("pods", "configmaps"):
+        settings.watching.label_selectors["", "v1", plural] = ours
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
@@ -81,7 +83,9 @@ async def job_event(type: str, name: str, namespace: str | None, body: kopf.Body
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
-async def pod_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+@kopf.on.event("", "v1", "configmaps", labels={naming.LABEL_GROUP: naming.GROUP})
+async def child_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+    """A pod or the host-list ConfigMap of a job changed or went: its job looks again."""
     job = labels.get(naming.LABEL_JOB)
     if job:
         runtime().kick((namespace or "", job))

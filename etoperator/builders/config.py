@@ -44,6 +44,8 @@ try:
     )
     with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
         text = json.load(resp)["data"]["hostfile"]
+    if not text.strip():
+        raise ValueError("the live host list is empty")  # a job never runs on no hosts
 except Exception as exc:  # any failure: fall back to the last good list
     sys.stderr.write("discover_hosts: live read failed (%s); using last known list\n" % exc)
     for path in (cache, mounted):

@@ -294,9 +294,7 @@ class JobReconciler:
             elif not is_controlled_by(existing, spec.uid):
                 problems.append(f"Secret {spec.name} exists and is not owned by this job")
         if obs.configmap is None:
-            problems += self.ensure(
-                obs, config.config_map(spec.name, spec.namespace, owner, [], spec.slots_per_worker)
-            )
+            problems += self.repair_config_map(obs, owner)
         elif not is_controlled_by(obs.configmap, spec.uid):
             problems.append(
                 f"ConfigMap {naming.config_map_name(spec.name)} exists and is not owned by this job"
@@ -317,6 +315,21 @@ class JobReconciler:
         else:
             self._basics_checked[spec.uid] = now
         return not problems
+
+    def repair_config_map(self, obs: Observed, owner: Owner) -> list[str]:
+        """(Re)create the ConfigMap with the host list the job has now: one that is deleted
+        under a running job comes back with it, never empty (Horovod would drop every host)."""
+        spec = obs.spec
+        assert spec is not None
+        hosts = list((obs.job.get("status") or {}).get("currentWorkers") or [])
+        cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
+        problems = self.ensure(obs, cm)
+        if hosts and not problems:
+            message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
+                ", ".join(hosts)
+            )
+            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+        return problems
 
     def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
         """Create `obj`; a same-named object this job does not control is a problem, not ours.

@@ -269,3 +269,27 @@ def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: 
         20,
         "Blocked cleared",
     )
+
+
+def test_deleted_config_map_comes_back_at_once_with_the_host_list(
+    cluster: Cluster, ns: str
+) -> None:
+    """Someone deletes <job>-config: it is back within 2 s with the current host list (never an
+    empty one, which would tell Horovod the job has no hosts), and the job says so."""
+    cluster.create(job("cmgone", replicas=2), ns)
+    running(cluster, ns, "cmgone")
+    hosts = cluster.hosts(ns, "cmgone")
+    assert hosts == ["cmgone-worker-0", "cmgone-worker-1"]
+    uid = cluster.obj("ConfigMap", ns, "cmgone-config")["metadata"]["uid"]
+    cluster.api.delete("ConfigMap", ns, "cmgone-config")
+    t0 = time.monotonic()
+
+    def back() -> bool:
+        cm = cluster.api.get("ConfigMap", ns, "cmgone-config")
+        return cm is not None and cm["metadata"]["uid"] != uid
+
+    wait_for(back, 2.0, "the ConfigMap back", interval=0.02)
+    print(f"ConfigMap back after {time.monotonic() - t0:.2f}s")
+    assert cluster.hosts(ns, "cmgone") == hosts  # the list it had, from the first write on
+    events = [e for e in cluster.events(ns, "cmgone") if e["reason"] == "ChildRepaired"]
+    assert events and events[0]["type"] == "Warning" and "cmgone-config" in events[0]["message"]
