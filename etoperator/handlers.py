@@ -41,7 +41,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
     ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
-    for plural in ("pods", "configmaps"):
+    for plural in ("pods", "configmaps", "secrets"):
         settings.watching.label_selectors["", "v1", plural] = ours
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
@@ -101,6 +101,18 @@ async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -
     await loop.run_in_executor(
         rt.pool, rt.reconciler.reconcile_orphan_scaler, kind, namespace, name
     )
+
+
+@kopf.on.event("", "v1", "secrets", labels={naming.LABEL_GROUP: naming.GROUP})
+async def secret_event(
+    type: str, labels: Mapping[str, str], namespace: str | None, **_: Any
+) -> None:
+    """The job's SSH Secret changed or went: look again now, not at the next full check."""
+    job = labels.get(naming.LABEL_JOB)
+    if job and type in ("MODIFIED", "DELETED"):
+        rt = runtime()
+        rt.reconciler.child_changed(namespace or "", job, "Secret", type == "DELETED")
+        rt.kick((namespace or "", job))
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)

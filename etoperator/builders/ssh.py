@@ -52,6 +52,17 @@ def generate_keypair(comment: str = "etoperator") -> KeyPair:
     return KeyPair(private_openssh=private, public_openssh=f"{public} {comment}\n")
 
 
+def keypair_from_private(private_openssh: str, comment: str = "etoperator") -> KeyPair:
+    """The pair of a private key we still hold (to recreate a deleted Secret unchanged)."""
+    key = serialization.load_ssh_private_key(private_openssh.encode(), None)
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    return KeyPair(private_openssh=private_openssh, public_openssh=f"{public} {comment}\n")
+
+
 def ssh_secret(job: str, namespace: str, owner: Owner, keys: KeyPair) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -40,6 +40,10 @@ SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
 REFUSED_RETRY = 30.0  # seconds between tries of a write the apiserver refused
 
 
+def _job_key(spec: JobSpec) -> str:
+    return f"{spec.namespace}/{spec.name}/{spec.uid}"
+
+
 def refused(exc: ApiError) -> bool:
     """A refusal that retrying at once will not change (not a 404, conflict or throttle)."""
     return 400 <= exc.status < 500 and exc.status not in (404, 409, 429)
@@ -83,6 +87,7 @@ class JobReconciler:
     ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
     tainted_nodes: Callable[[], set[str]] = set
     _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
+    _key_texts: dict[str, str] = field(default_factory=dict)  # to recreate a deleted Secret
     _basics_checked: dict[str, datetime] = field(default_factory=dict)
     _pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
@@ -121,7 +126,9 @@ class JobReconciler:
             if not raw:
                 return None
             try:
-                self._keys[cache_key] = load_key(base64.b64decode(raw).decode())
+                text = base64.b64decode(raw).decode()
+                self._keys[cache_key] = load_key(text)
+                self._key_texts[cache_key] = text
             except (SSHUnavailable, ValueError):
                 return None
         return self._keys[cache_key]
@@ -266,7 +273,7 @@ class JobReconciler:
         if phase in st.TERMINAL:
             return True
         # Once all exist, look again only now and then: a steady job costs no extra requests.
-        checked = self._basics_checked.get(spec.uid)
+        checked = self._basics_checked.get(_job_key(spec))
         now = self.clock()
         if checked and obs.configmap is not None and (now - checked).total_seconds() < 300:
             return True
@@ -282,15 +289,7 @@ class JobReconciler:
         else:
             existing = self.kube.get("Secret", spec.namespace, naming.secret_name(spec.name))
             if existing is None:
-                problems += self.ensure(
-                    obs,
-                    ssh.ssh_secret(
-                        spec.name,
-                        spec.namespace,
-                        owner,
-                        ssh.generate_keypair(f"etoperator-{spec.name}"),
-                    ),
-                )
+                problems += self.repair_secret(obs, owner)
             elif not is_controlled_by(existing, spec.uid):
                 problems.append(f"Secret {spec.name} exists and is not owned by this job")
         if obs.configmap is None:
@@ -311,10 +310,37 @@ class JobReconciler:
                 problems += self.ensure(obs, obj)
         self.report_blocked(obs, problems)
         if problems:
-            self._basics_checked.pop(spec.uid, None)
+            self._basics_checked.pop(_job_key(spec), None)
         else:
-            self._basics_checked[spec.uid] = now
+            self._basics_checked[_job_key(spec)] = now
         return not problems
+
+    def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
+        """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
+        under a running job (its workers and launcher hold that key), else a fresh one."""
+        spec = obs.spec
+        assert spec is not None
+        name = naming.secret_name(spec.name)
+        comment = f"etoperator-{spec.name}"
+        kept = self._key_texts.get(f"{spec.uid}/{name}")
+        keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
+        problems = self.ensure(obs, ssh.ssh_secret(spec.name, spec.namespace, owner, keys))
+        if (obs.job.get("status") or {}).get("currentWorkers") and not problems:
+            how = "with the job's key pair" if kept else "with a new key pair"
+            message = f"Secret {name} was missing; recreated {how}"
+            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+        return problems
+
+    def child_changed(self, namespace: str, job: str, kind: str, deleted: bool) -> None:
+        """Someone else changed or deleted a child: look at the basics again on the next pass;
+        a changed Secret's key replaces the one we hold (a deleted one's is kept to recreate)."""
+        prefix = f"{namespace}/{job}/"
+        for k in [k for k in self._basics_checked if k.startswith(prefix)]:
+            self._basics_checked.pop(k)
+        if kind == "Secret" and not deleted:
+            for cache in (self._keys, self._key_texts):
+                for k in [k for k in cache if k.endswith(f"/{naming.secret_name(job)}")]:
+                    cache.pop(k)
 
     def repair_config_map(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the ConfigMap with the host list the job has now: one that is deleted

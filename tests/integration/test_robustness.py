@@ -293,3 +293,26 @@ def test_deleted_config_map_comes_back_at_once_with_the_host_list(
     assert cluster.hosts(ns, "cmgone") == hosts  # the list it had, from the first write on
     events = [e for e in cluster.events(ns, "cmgone") if e["reason"] == "ChildRepaired"]
     assert events and events[0]["type"] == "Warning" and "cmgone-config" in events[0]["message"]
+
+
+def test_deleted_ssh_secret_comes_back_with_the_same_key(cluster: Cluster, ns: str) -> None:
+    """Someone deletes the job's SSH Secret: it is back within 2 s with the key pair the running
+    workers and the launcher hold, so training goes on and new workers can still join."""
+    cluster.create(job("keygone", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "keygone", 1)
+    before = cluster.obj("Secret", ns, "keygone")
+    cluster.api.delete("Secret", ns, "keygone")
+
+    def back() -> dict[str, Any] | None:
+        s = cluster.api.get("Secret", ns, "keygone")
+        return s if s is not None and s["metadata"]["uid"] != before["metadata"]["uid"] else None
+
+    after = wait_for(back, 2.0, "the Secret back", interval=0.02)
+    assert after is not None
+    for key in ("id_rsa", "id_rsa.pub", "authorized_keys"):
+        assert after["data"][key] == before["data"][key], key
+    events = [e for e in cluster.events(ns, "keygone") if e["reason"] == "ChildRepaired"]
+    assert any("Secret keygone" in e["message"] for e in events)
+    # A new worker (mounting the recreated Secret) passes the operator's SSH check and joins.
+    cluster.create(scaleout("more", "keygone", 1), ns)
+    wait_for(lambda: cluster.hosts(ns, "keygone") == ["keygone-worker-0", "keygone-worker-1"], 20)
