@@ -291,8 +291,12 @@ def test_deleted_config_map_comes_back_at_once_with_the_host_list(
     wait_for(back, 2.0, "the ConfigMap back", interval=0.02)
     print(f"ConfigMap back after {time.monotonic() - t0:.2f}s")
     assert cluster.hosts(ns, "cmgone") == hosts  # the list it had, from the first write on
-    events = [e for e in cluster.events(ns, "cmgone") if e["reason"] == "ChildRepaired"]
-    assert events and events[0]["type"] == "Warning" and "cmgone-config" in events[0]["message"]
+    events = wait_for(
+        lambda: [e for e in cluster.events(ns, "cmgone") if e["reason"] == "ChildRepaired"],
+        5,
+        "a ChildRepaired event",
+    )
+    assert events[0]["type"] == "Warning" and "cmgone-config" in events[0]["message"]
 
 
 def test_deleted_ssh_secret_comes_back_with_the_same_key(cluster: Cluster, ns: str) -> None:
@@ -311,8 +315,14 @@ def test_deleted_ssh_secret_comes_back_with_the_same_key(cluster: Cluster, ns: s
     assert after is not None
     for key in ("id_rsa", "id_rsa.pub", "authorized_keys"):
         assert after["data"][key] == before["data"][key], key
-    events = [e for e in cluster.events(ns, "keygone") if e["reason"] == "ChildRepaired"]
-    assert any("Secret keygone" in e["message"] for e in events)
+    wait_for(
+        lambda: any(
+            e["reason"] == "ChildRepaired" and "Secret keygone" in e["message"]
+            for e in cluster.events(ns, "keygone")
+        ),
+        5,
+        "a ChildRepaired event for the Secret",
+    )
     # A new worker (mounting the recreated Secret) passes the operator's SSH check and joins.
     cluster.create(scaleout("more", "keygone", 1), ns)
     wait_for(lambda: cluster.hosts(ns, "keygone") == ["keygone-worker-0", "keygone-worker-1"], 20)
