@@ -227,9 +227,12 @@ class _Planner:
         if new != sc.status:
             self.plan.scaler_status[sc.key] = new
         if changed:
-            self.plan.scaler_events.setdefault(sc.key, []).append(
-                Event("Warning" if warn else "Normal", reason, message)
-            )
+            event = Event("Warning" if warn else "Normal", reason, message)
+            self.plan.scaler_events.setdefault(sc.key, []).append(event)
+            if phase in st.SCALE_TERMINAL:  # `kubectl describe tj` tells how each scale ended
+                self.plan.events.append(
+                    Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
+                )
         return new
 
     def fail_scaler(self, sc: ScalerView, reason: str, message: str) -> None:

@@ -39,6 +39,11 @@ def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:
     jst = cluster.status(ns, "so")
     assert jst["currentWorkers"] == cluster.hosts(ns, "so") and jst.get("currentScaler") == ""
     assert cluster.job(ns, "so")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
+    # The finished scale is told on the job as well as on the scaler.
+    wait_for(lambda: any(
+        e["reason"] == "ScaleSucceeded" and "ScaleOut grow" in e["message"]
+        for e in cluster.events(ns, "so")
+    ), 5, "a ScaleSucceeded event on the job")  # fmt: skip
     owner = cluster.obj(SO, ns, "grow")["metadata"]["ownerReferences"][0]
     assert owner["kind"] == "TrainingJob" and owner["name"] == "so" and owner["controller"]
     out = cluster.kubectl("get", "scaleout", "-n", ns).stdout.splitlines()
@@ -106,6 +111,12 @@ def test_scale_in_unknown_names_deletes_nothing(cluster: Cluster, ns: str) -> No
     row = cluster.kubectl("get", "si", "typo", "-n", ns, "-o", "wide").stdout.splitlines()
     assert row[0].split()[:5] == ["NAME", "PHASE", "JOB", "COUNT", "PODS"], row[0]
     assert "REASON" in row[0] and "names-worker-7" in row[1] and "nothing deleted" in row[1]
+    failed = wait_for(
+        lambda: [e for e in cluster.events(ns, "names") if "ScaleIn typo" in e["message"]],
+        5,
+        "the failed scale told on the job",
+    )
+    assert failed[0]["type"] == "Warning"
 
 
 def test_scale_in_empty_pod_names_is_rejected(cluster: Cluster, ns: str) -> None:
