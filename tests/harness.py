@@ -137,8 +137,21 @@ class Cluster:
         evs = self.api.list("Event", ns)
         return [e for e in evs if name is None or e["involvedObject"].get("name") == name]
 
-    def event_reasons(self, ns: str, name: str) -> list[str]:
-        return [e["reason"] for e in self.events(ns, name)]
+    def wait_event(
+        self, ns: str, name: str, reason: str | None = None, etype: str | None = None
+    ) -> dict[str, Any]:
+        """The first Event about `name` of that reason (and type): the operator posts events
+        just after the write they tell of, so a test that saw the write waits a moment."""
+        found = wait_for(
+            lambda: [
+                e
+                for e in self.events(ns, name)
+                if reason in (None, e["reason"]) and etype in (None, e["type"])
+            ],
+            5,
+            f"a {reason or etype} event about {name}",
+        )
+        return found[0]
 
     def condition(
         self, ns: str, name: str, ctype: str, kind: str = naming.JOB_KIND

@@ -37,7 +37,7 @@ from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 log = logging.getLogger(__name__)
 
 SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
-REFUSED_RETRY = 30.0  # seconds between tries of a write the apiserver refused
+REFUSED_RETRY = 10.0  # seconds between tries of a write the apiserver refused
 
 
 def _job_key(spec: JobSpec) -> str:

@@ -49,7 +49,7 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
     # cleanPodPolicy Running (the default): the still-running workers go, the launcher stays.
     wait_for(lambda: cluster.pods(ns, "happy", "worker") == [], 20, "workers cleaned up")
     assert cluster.pods(ns, "happy", "launcher") == ["happy-launcher"]
-    assert "Succeeded" in cluster.event_reasons(ns, "happy")
+    cluster.wait_event(ns, "happy", "Succeeded")
 
 
 def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
@@ -90,7 +90,7 @@ def test_worker_failure_never_policy_leaves_host_list(cluster: Cluster, ns: str)
     st = cluster.status(ns, "wf")
     assert st["currentWorkers"] == ["wf-worker-0", "wf-worker-2"]
     assert cluster.phase(ns, "wf") == "Running"
-    assert "WorkerLost" in cluster.event_reasons(ns, "wf")
+    cluster.wait_event(ns, "wf", "WorkerLost")
 
 
 def test_worker_failure_replaced_under_new_index(cluster: Cluster, ns: str) -> None:
@@ -103,8 +103,8 @@ def test_worker_failure_replaced_under_new_index(cluster: Cluster, ns: str) -> N
         "replacement wr-worker-2 in the host list",
     )
     assert cluster.pods(ns, "wr", "worker") == ["wr-worker-1", "wr-worker-2"]
-    reasons = cluster.event_reasons(ns, "wr")
-    assert "WorkerLost" in reasons and "WorkerReplaced" in reasons
+    cluster.wait_event(ns, "wr", "WorkerLost")
+    cluster.wait_event(ns, "wr", "WorkerReplaced")
     assert cluster.status(ns, "wr")["lastWorkerIndex"] == 2
 
 
@@ -190,7 +190,7 @@ def test_launcher_deleted_is_recreated_with_always(cluster: Cluster, ns: str) ->
     )
     wait_for(lambda: cluster.obj("Pod", ns, "la-launcher")["status"]["phase"] == "Running")
     assert cluster.phase(ns, "la") == "Running"
-    assert "LauncherRecreated" in cluster.event_reasons(ns, "la")
+    cluster.wait_event(ns, "la", "LauncherRecreated")
 
 
 def test_suspend_and_resume(cluster: Cluster, ns: str) -> None:
@@ -205,8 +205,8 @@ def test_suspend_and_resume(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: cluster.phase(ns, "sus") == "Running", 20, "resumed")
     assert cluster.hosts(ns, "sus") == ["sus-worker-2", "sus-worker-3"]
     assert cluster.status(ns, "sus").get("restartCount", 0) == 0
-    reasons = cluster.event_reasons(ns, "sus")
-    assert "Suspended" in reasons and "Resumed" in reasons
+    cluster.wait_event(ns, "sus", "Suspended")
+    cluster.wait_event(ns, "sus", "Resumed")
 
 
 def test_job_deletion_collects_children(cluster: Cluster, ns: str) -> None:

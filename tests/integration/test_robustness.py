@@ -91,8 +91,7 @@ def test_bad_name_fails_with_condition_and_event(
     wait_for(lambda: cluster.phase(ns, name) == "Failed", 10, "Failed")
     cond = cluster.condition(ns, name, "Failed")
     assert cond and cond["reason"] == "InvalidSpec" and needle in cond["message"]
-    events = [e for e in cluster.events(ns, name) if e["reason"] == "InvalidSpec"]
-    assert events and events[0]["type"] == "Warning"
+    assert cluster.wait_event(ns, name, "InvalidSpec")["type"] == "Warning"
     assert cluster.pods(ns, name) == []
     assert cluster.api.list("Service", ns) == []
     # The operator keeps serving other jobs.
@@ -117,7 +116,7 @@ def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
     )
     cond = cluster.condition(ns, "taken", "Blocked")
     assert cond and "ConfigMap taken-config exists and is not owned" in cond["message"]
-    assert "ChildConflict" in cluster.event_reasons(ns, "taken")
+    cluster.wait_event(ns, "taken", "ChildConflict")
     cm = cluster.obj("ConfigMap", ns, "taken-config")
     assert cm["data"] == {"hostfile": "someone-else:1\n"} and not cm["metadata"].get(
         "ownerReferences"
@@ -259,11 +258,11 @@ def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: 
         assert (
             "POST /api/v1/namespaces/" in cond["message"] and "refused-worker-0" in cond["message"]
         )
-        events = [e for e in cluster.events(ns, "refused") if e["reason"] == "APIRefused"]
-        assert events and events[0]["type"] == "Warning"
+        assert cluster.wait_event(ns, "refused", "APIRefused")["type"] == "Warning"
     finally:
         cluster.proxy.clear()
-    running(cluster, ns, "refused", 1)
+    # Tried again within REFUSED_RETRY (10 s), then it starts as any job does.
+    wait_for(lambda: cluster.phase(ns, "refused") == "Running", 45, "refused Running")
     wait_for(
         lambda: (cluster.condition(ns, "refused", "Blocked") or {}).get("status") == "False",
         20,

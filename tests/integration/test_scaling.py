@@ -64,8 +64,7 @@ def test_scale_out_beyond_max_is_refused(cluster: Cluster, ns: str) -> None:
     cond = cluster.condition(ns, "toomany", "ScaleFailed", SO)
     assert cond and "exceed maxReplicas 3" in cond["message"]
     assert cluster.pods(ns, "cap", "worker") == ["cap-worker-0", "cap-worker-1"]
-    warn = [e for e in cluster.events(ns, "toomany") if e["type"] == "Warning"]
-    assert warn and "maxReplicas" in warn[0]["message"]
+    assert "maxReplicas" in cluster.wait_event(ns, "toomany", etype="Warning")["message"]
 
 
 def test_scale_out_timeout_rolls_back(cluster: Cluster, ns: str) -> None:
@@ -348,7 +347,7 @@ def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
     settled(cluster, ns, SI, "badhook", "ScaleSucceeded")
     cond = cluster.condition(ns, "badhook", "ScriptExecuted", SI)
     assert cond and cond["status"] == "False" and cond["reason"] == "ScriptFailed"
-    assert "ScriptFailed" in cluster.event_reasons(ns, "badhook")
+    cluster.wait_event(ns, "badhook", "ScriptFailed")
 
 
 def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> None:
