@@ -6,7 +6,7 @@ through `pods/status` (as `system:node:<node>`, so the Node authorizer and NodeR
 apply), finishes graceful deletions, and serves the kubelet API the apiserver calls over TLS:
 `/containerLogs` (kubectl logs) and `/exec` over WebSocket (pods/exec).
 
-How a pod "runs" is the subclass's part: `SimKubelet` gives workers a real sshd trusting the
+How a pod "runs" is the subclass's part: `Kubelet` itself gives workers a real sshd trusting the
 job's mounted key and runs nothing for other containers; `ProcessKubelet` (process.py) runs the
 first container's command as real processes in their own mount and PID namespaces.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import ssl
 import subprocess
 import threading
@@ -534,14 +533,5 @@ class Kubelet:
         pod = self.pods[key]
         self.call(self._patch_status(pod["spec"]["nodeName"], key, {"conditions": [cond]}))
 
-    def kill_process(self, namespace: str, name: str) -> None:
-        """Kill the pod's process (the pod stays Running until someone notices)."""
-        proc = self.procs.get((namespace, name))
-        if proc is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
-
     def ip(self, namespace: str, name: str) -> str | None:
         return self.ips.get((namespace, name))
-
-
-SimKubelet = Kubelet
