@@ -27,7 +27,7 @@ class Fault:
     status: int
     times: int = 1  # how many matching requests it refuses
 
-    def matches(self, method: str, path: str, has_name: bool) -> bool:
+    def matches(self, method: str, path: str) -> bool:
         verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
             method, "get"
         )
@@ -102,7 +102,7 @@ class FaultProxy:
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
             for f in self.faults:
-                if f.matches(method, path, True):
+                if f.matches(method, path):
                     f.times -= 1
                     if f.times <= 0:
                         self.faults.remove(f)

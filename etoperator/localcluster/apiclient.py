@@ -13,7 +13,6 @@ from typing import Any
 import aiohttp
 import yaml
 
-MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 
 

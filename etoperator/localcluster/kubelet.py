@@ -20,7 +20,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -226,16 +226,24 @@ class Kubelet:
             ],
         }
 
-    async def _bind_loop(self) -> None:
-        sel = {"fieldSelector": "spec.nodeName="}
+    async def _watch_pods(
+        self, api: AsyncApi, selector: str, on: Callable[[str, dict[str, Any]], None]
+    ) -> None:
+        """Pods matching a field selector, for ever (a refused watch is retried)."""
         while True:
             try:
-                async for etype, pod in self._scheduler.watch("/api/v1/pods", sel):
-                    if etype != "DELETED" and not pod["spec"].get("nodeName"):
-                        self.spawn(self._bind(pod))
+                async for etype, pod in api.watch("/api/v1/pods", {"fieldSelector": selector}):
+                    on(etype, pod)
             except ApiStatus as exc:
-                print(f"kubelet: scheduler watch failed: {exc}", flush=True)
+                print(f"kubelet: pod watch {selector} failed: {exc}", flush=True)
                 await asyncio.sleep(1)
+
+    async def _bind_loop(self) -> None:
+        def on(etype: str, pod: dict[str, Any]) -> None:
+            if etype != "DELETED" and not pod["spec"].get("nodeName"):
+                self.spawn(self._bind(pod))
+
+        await self._watch_pods(self._scheduler, "spec.nodeName=", on)
 
     async def _bind(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -258,14 +266,9 @@ class Kubelet:
                 raise
 
     async def _pod_loop(self, node: str) -> None:
-        sel = {"fieldSelector": f"spec.nodeName={node}"}
-        while True:
-            try:
-                async for etype, pod in self.client(node).watch("/api/v1/pods", sel):
-                    self._on(node, pod, etype)
-            except ApiStatus as exc:
-                print(f"kubelet: pod watch of {node} failed: {exc}", flush=True)
-                await asyncio.sleep(1)
+        await self._watch_pods(
+            self.client(node), f"spec.nodeName={node}", lambda t, pod: self._on(node, pod, t)
+        )
 
     def _on(self, node: str, pod: dict[str, Any], etype: str) -> None:
         meta = pod["metadata"]

@@ -50,7 +50,7 @@ IMAGE_SSHD_CONFIG = ROOT / "examples" / "image" / "sshd_config"
 class ProcessKubelet(Kubelet):
     repo: Path = ROOT
     venv_bin: Path = Path(".venv/bin")
-    sshd_port: int = 2022
+    ssh_port: int = 2022  # the pods' sshd (not 22: the machine's own sshd may hold *:22)
     ip_prefix: str = "127.20"
     ssh_dirs: dict[Key, tuple[Path, bytes]] = field(default_factory=dict)
     logs: dict[Key, Path] = field(default_factory=dict)
@@ -101,7 +101,7 @@ class ProcessKubelet(Kubelet):
     def _write_dns(self, ns: str) -> None:
         """Every pod of the namespace as a `Host` block, ahead of the Secret's own config."""
         hosts = "".join(
-            f"Host {name}\n    HostName {ip}\n    Port {self.sshd_port}\n"
+            f"Host {name}\n    HostName {ip}\n    Port {self.ssh_port}\n"
             for (pns, name), ip in sorted(self.ips.items())
             if pns == ns and (pns, name) in self.procs
         )
@@ -122,7 +122,7 @@ class ProcessKubelet(Kubelet):
         command = list(container.get("command") or []) + list(container.get("args") or [])
         is_sshd = bool(command) and os.path.basename(command[0]) == "sshd"
         if is_sshd:
-            command += ["-o", f"ListenAddress={ip}:{self.sshd_port}", "-o", "PidFile=none"]
+            command += ["-o", f"ListenAddress={ip}:{self.ssh_port}", "-o", "PidFile=none"]
         env = self._env(key, container)
         setup = "; ".join(
             f"mount --bind {shlex.quote(str(src))} {shlex.quote(dst)}" for src, dst in mounts
@@ -137,7 +137,7 @@ class ProcessKubelet(Kubelet):
         proc = procs.spawn(argv, log, env=env)
         self.procs[key] = proc
         self._write_dns(ns)
-        if is_sshd and not await wait_port(ip, self.sshd_port, 15):
+        if is_sshd and not await wait_port(ip, self.ssh_port, 15):
             return False
         self.spawn(self._reap(key, pod["metadata"]["uid"], proc))
         return True

@@ -47,7 +47,6 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             cp,
             tmp / "pods",
             ssh_port=SSH_PORT,
-            sshd_port=SSH_PORT,
             repo=ROOT,
             venv_bin=Path(sys.executable).parent,
         )
