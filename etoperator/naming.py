@@ -105,6 +105,11 @@ def launcher_name(job: str) -> str:
     return f"{job}-launcher"
 
 
+def replicas_scaler_name(job: str, generation: int) -> str:
+    """The scaler the operator makes for `kubectl scale` at a generation of the job."""
+    return f"{job}-replicas-{generation}"
+
+
 def config_map_name(job: str) -> str:
     return f"{job}-config"
 

@@ -62,6 +62,7 @@ class ScalerView:
     error: str | None = None
     status: dict[str, Any] = field(default_factory=dict)
     owned: bool = False
+    made_for: int | None = None  # made by the operator for `kubectl scale` at this generation
 
     @property
     def key(self) -> tuple[str, str]:
@@ -89,6 +90,9 @@ class JobInput:
     scalers: list[ScalerView]
     now: datetime
     published: list[str] | None = None  # the host list in the ConfigMap now
+    problems: tuple[str, ...] = ()  # children in the way (found now, or by the last pass's acts)
+    hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
+    refusal_over: bool = False  # the apiserver accepted the last pass's writes again
 
 
 @dataclass
@@ -259,7 +263,7 @@ class _Planner:
         ]
         self.s["lastWorkerIndex"] = start + job.worker.replicas - 1
         self.s["currentWorkers"] = []
-        self.s["acceptedReplicas"] = job.worker.replicas
+        self.accept(job.worker.replicas)
         self.s["phase"] = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.s.get("conditions") or [], ctype):
@@ -304,7 +308,11 @@ class _Planner:
             self.s.setdefault("restartCount", 0)
             self.fresh_run()
             self.cond(st.CREATED, "True", "TrainingJobCreated", f"job {job.name} is created")
+        self.blocked()
         phase = self.s["phase"]
+        if inp.hold and phase not in st.TERMINAL:
+            self.plan.requeue = 5.0
+            return self.plan  # status only: nothing moves until the job's basics are there
         if phase in st.TERMINAL:
             self.finished()
         elif job.suspended:
@@ -317,6 +325,19 @@ class _Planner:
         else:
             self.running()
         return self.finish()
+
+    def blocked(self) -> None:
+        """Blocked/ChildConflict while something of ours is in the way, cleared once it is not;
+        Blocked/APIRefused (set when a write was refused) cleared once writes pass again."""
+        current = st.condition(self.s["conditions"], "Blocked") or {}
+        reason = current.get("reason") if current.get("status") == "True" else None
+        if self.inp.problems:
+            message = "; ".join(self.inp.problems)
+            self.cond("Blocked", "True", "ChildConflict", message, warn=True)
+        elif reason == "ChildConflict":
+            self.cond("Blocked", "False", "Resolved", "nothing blocks the job")
+        elif reason == "APIRefused" and self.inp.refusal_over:
+            self.cond("Blocked", "False", "Resolved", "the API server accepts the job's writes")
 
     def invalid(self, error: str) -> None:
         if self.s.get("phase") != st.FAILED:
@@ -516,7 +537,7 @@ class _Planner:
         self.plan.hosts = self.s["currentWorkers"]
         if self.s["phase"] in (st.RUNNING, st.SCALING):
             self.start_scalers()
-            self.scale_subresource()
+            self.replicas()
             self.s["phase"] = st.SCALING if self.s.get("currentScaler") else st.RUNNING
         if any(
             not (self.workers.get(m) and self.workers[m].ready) for m in self.s["targetWorkers"]
@@ -688,12 +709,6 @@ class _Planner:
         self.scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)
         self.s["currentScaler"] = ""
         self.cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
-        replicas = self.job().worker.replicas
-        if self.s.get("acceptedReplicas") not in (None, replicas):
-            return  # a newer `kubectl scale` waits: it is taken next, from the new size
-        if replicas != len(members):
-            self.plan.spec_replicas = len(members)
-        self.s["acceptedReplicas"] = len(members)
 
     def start_scalers(self) -> None:
         """Fail bad scalers; start the oldest waiting one when none runs."""
@@ -749,25 +764,63 @@ class _Planner:
             self.busy = True
             return
 
-    def scale_subresource(self) -> None:
-        """`kubectl scale` changed the worker replicas: run it as a scaler of the difference."""
-        job = self.job()
+    # -- spec replicas: `kubectl scale` ----------------------------------------------------
+
+    def replicas(self) -> None:
+        """spec replicas follow the membership each scaler sets (so `kubectl get tj` shows the
+        target, and a failed scale gives back the real size); a change by anyone else is a
+        request, run as a scaler of the difference once the queue is empty."""
+        request = self.replicas_request()
+        if request is not None:
+            self.take_request(request)
+        elif (self.inp.status.get("currentScaler") or "") != (self.s.get("currentScaler") or ""):
+            self.follow(len(self.s["targetWorkers"]))
+
+    def replicas_request(self) -> int | None:
+        """The spec replicas a user asked for and the operator has not taken up, if any.
+
+        acceptedReplicas is the value accounted for. While the operator's own write of it may
+        not have landed, replicasBefore holds the value it replaces: seeing that value is our
+        write still to do (done again here), never a request, whatever crash came between."""
+        spec = self.job().worker.replicas
         accepted = self.s.get("acceptedReplicas")
-        wanted = (
-            self.plan.spec_replicas
-            if self.plan.spec_replicas is not None
-            else (job.worker.replicas)
-        )
-        if accepted is None or accepted == wanted:
+        if accepted is None or spec == accepted:
+            self.accept(spec)
+            return None
+        if spec == self.s.get("replicasBefore"):
+            self.plan.spec_replicas = int(accepted)
+            return None
+        if any(sc.made_for == self.inp.generation and sc.owned for sc in self.inp.scalers):
+            self.accept(spec)  # its scaler exists: the request is queued like any other
+            return None
+        return spec
+
+    def accept(self, replicas: int) -> None:
+        self.s["acceptedReplicas"] = replicas
+        self.s.pop("replicasBefore", None)
+
+    def follow(self, members: int) -> None:
+        worker = self.job().worker
+        wanted = max(members, worker.min_replicas)
+        if worker.max_replicas is not None:
+            wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
+        if wanted == worker.replicas:
+            self.accept(wanted)
             return
+        self.s["acceptedReplicas"] = wanted
+        self.s["replicasBefore"] = worker.replicas
+        self.plan.spec_replicas = wanted
+
+    def take_request(self, replicas: int) -> None:
+        job = self.job()
         if self.s.get("currentScaler") or any(
             sc.phase not in st.SCALE_TERMINAL and sc.key not in self.plan.scaler_status
             for sc in self.inp.scalers
         ):
             return  # let queued scalers run first; the difference is taken afterwards
-        self.s["acceptedReplicas"] = job.worker.replicas
-        delta = job.worker.replicas - len(self.s["targetWorkers"])
+        delta = replicas - len(self.s["targetWorkers"])
         if delta == 0:
+            self.accept(replicas)
             return
         kind = naming.SCALEOUT_KIND if delta > 0 else naming.SCALEIN_KIND
         body: dict[str, Any] = {"selector": {"name": job.name}}
@@ -775,10 +828,11 @@ class _Planner:
             body["toAdd"] = {"count": delta}
         else:
             body["toDelete"] = {"count": -delta}
+        # Accepted once seen: a crash before the create lands leaves the request standing.
         self.plan.create_scalers.append(
             {
                 "kind": kind,
-                "name": f"{job.name}-replicas-{self.inp.generation}",
+                "name": naming.replicas_scaler_name(job.name, self.inp.generation),
                 "generation": self.inp.generation,
                 "spec": body,
             }

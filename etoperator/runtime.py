@@ -64,6 +64,7 @@ class Runtime:
         self.kicks.pop(key, None)
         self.phases.pop(key, None)
         self._publish_phases()
+        self.reconciler.forget(*key)
         if task is not None:
             task.cancel()
 
@@ -98,6 +99,7 @@ class Runtime:
             if delay <= 0:  # the job is gone
                 self.tasks.pop(key, None)
                 self.kicks.pop(key, None)
+                self.reconciler.forget(*key)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=min(delay, RESYNC))

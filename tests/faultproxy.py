@@ -8,6 +8,7 @@ import asyncio
 import re
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,28 @@ class Fault:
         return verb == self.verb and re.search(tail, path) is not None
 
 
+WRITES = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+@dataclass
+class Crash:
+    """Kill the operator right after a write of it has landed (before it hears the answer)."""
+
+    kill: Callable[[], None]
+    after: int | None = None  # the n-th write from now (events are not counted)
+    when: Callable[[str, str, bytes], bool] | None = None  # or the first write this matches
+    writes: int = 0
+    fired: bool = False
+    killed: threading.Event = field(default_factory=threading.Event)
+
+    def hit(self, method: str, path: str, body: bytes) -> bool:
+        if self.fired or method not in WRITES or path.endswith("/events"):
+            return False
+        self.writes += 1
+        self.fired = self.writes == self.after or bool(self.when and self.when(method, path, body))
+        return self.fired
+
+
 @dataclass
 class FaultProxy:
     cp: ControlPlane
@@ -44,6 +67,7 @@ class FaultProxy:
     _watches: set[web.StreamResponse] = field(default_factory=set)
     _loop: asyncio.AbstractEventLoop | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _crash: Crash | None = None
 
     @property
     def url(self) -> str:
@@ -69,6 +93,16 @@ class FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
+
+    def arm_crash(self, crash: Crash) -> Crash:
+        with self._lock:
+            self._crash = crash
+        return crash
+
+    def disarm(self) -> Crash | None:
+        with self._lock:
+            crash, self._crash = self._crash, None
+        return crash
 
     def pending(self) -> list[Fault]:
         with self._lock:
@@ -117,6 +151,7 @@ class FaultProxy:
             return await self._websocket(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.read()
+        hit_args = (request.method, request.path, body)
         async with self._upstream.request(
             request.method,
             self.cp.url + request.path_qs,
@@ -125,6 +160,12 @@ class FaultProxy:
             skip_auto_headers=("Content-Type",),
             timeout=aiohttp.ClientTimeout(total=None),
         ) as up:
+            with self._lock:
+                crash = self._crash if self._crash and self._crash.hit(*hit_args) else None
+            if crash is not None:
+                crash.kill()  # the write has landed; its answer never reaches the operator
+                crash.killed.set()
+                return web.Response(status=503)
             resp = web.StreamResponse(status=up.status)
             for k, v in up.headers.items():
                 if k.lower() not in HOP:

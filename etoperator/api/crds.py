@@ -185,6 +185,7 @@ def trainingjob_schema() -> Schema:
             "lastWorkerIndex": {"type": "integer"},
             "runStartIndex": {"type": "integer"},
             "acceptedReplicas": {"type": "integer"},
+            "replicasBefore": {"type": "integer"},
             "scalerPods": _STRINGS,
         }
     )

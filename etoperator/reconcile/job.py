@@ -1,11 +1,11 @@
 """Level-based reconcile of one TrainingJob and its scalers: observe -> plan -> act -> status.
 
 Order of writes, chosen so that a crash or a 409 between any two of them is harmless:
-  1. the job's spec replicas (after a finished scale), so `kubectl scale` never sees a stale
-     size as a user request;
-  2. scaler statuses: a scaler's plan (addPods/toDeletePods) is frozen before any pod moves;
-  3. the job status, with its resourceVersion as precondition: it points `currentScaler` at
+  1. scaler statuses: a scaler's plan (addPods/toDeletePods) is frozen before any pod moves;
+  2. the job status, with its resourceVersion as precondition: it points `currentScaler` at
      the frozen plan and records membership before pods are created;
+  3. the spec replicas that status accepted (shown as the job's target; `replicasBefore` in the
+     status tells the operator's pending write from a `kubectl scale`);
   4. children: ConfigMap host list first (so victims leave Horovod before they are deleted),
      then pods and services.
 Every pass starts again from what is observed, so a pass cut short is finished by the next.
@@ -27,7 +27,7 @@ import paramiko
 from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api.models import InvalidSpec, JobSpec, ScalerSpec, parse_job, parse_scaler
-from etoperator.builders import config, pods, rbac, ssh
+from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.clock import iso, utcnow
 from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
@@ -40,8 +40,9 @@ SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
 REFUSED_RETRY = 10.0  # seconds between tries of a write the apiserver refused
 
 
-def _job_key(spec: JobSpec) -> str:
-    return f"{spec.namespace}/{spec.name}/{spec.uid}"
+def _job_key(namespace: str, name: str, uid: str) -> str:
+    """What the reconciler's memory of a job is filed under (a new job of the name is another)."""
+    return f"{namespace}/{name}/{uid}"
 
 
 def refused(exc: ApiError) -> bool:
@@ -89,6 +90,8 @@ class JobReconciler:
     _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
     _key_texts: dict[str, str] = field(default_factory=dict)  # to recreate a deleted Secret
     _basics_checked: dict[str, datetime] = field(default_factory=dict)
+    _act_problems: dict[str, list[str]] = field(default_factory=dict)  # children in the way
+    _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
     )
@@ -110,16 +113,16 @@ class JobReconciler:
             s for s in self.kube.list("Service", namespace, selector) if is_controlled_by(s, uid)
         ]
         cm = self.kube.get("ConfigMap", namespace, naming.config_map_name(name))
-        scalers = [
+        found = [
             s
             for kind in SCALER_KINDS
             for s in self.kube.list(kind, namespace)
             if ((s.get("spec") or {}).get("selector") or {}).get("name") == name
         ]
-        return Observed(body, spec, error, owned, services, cm, scalers)
+        return Observed(body, spec, error, owned, services, cm, found)
 
     def _key(self, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
-        cache_key = f"{job.uid}/{secret_name}"
+        cache_key = f"{_job_key(job.namespace, job.name, job.uid)}/{secret_name}"
         if cache_key not in self._keys:
             secret = self.kube.get("Secret", job.namespace, secret_name)
             raw = ((secret or {}).get("data") or {}).get(ssh.PRIVATE_KEY)
@@ -241,8 +244,8 @@ class JobReconciler:
         """observe (done) -> plan -> act; the seconds until the next pass."""
         job = obs.job
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        if obs.spec is not None and not self.ensure_basics(obs):
-            return 5.0
+        key = _job_key(namespace, name, job["metadata"]["uid"])
+        basics = self.ensure_basics(obs) if obs.spec is not None else []
         inp = JobInput(
             name=name,
             namespace=namespace,
@@ -254,6 +257,9 @@ class JobReconciler:
             scalers=self.scaler_views(obs),
             now=self.clock(),
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
+            problems=(*basics, *self._act_problems.get(key, [])),
+            hold=bool(basics),
+            refusal_over=key not in self._refused,
         )
         plan = plan_job(inp)
         try:
@@ -261,22 +267,30 @@ class JobReconciler:
         except Conflict as exc:
             log.info("Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc)
             return 0.2
-        self.clear_refused(obs)
+        except ApiError as exc:
+            if refused(exc):
+                self._refused.add(key)
+            raise
+        self._refused.discard(key)
+        # Blocked conditions follow the world one pass later: come back soon to say so.
+        blocked = st.condition(plan.status.get("conditions") or [], "Blocked") or {}
+        if blocked.get("status") == "True" and not basics and not self._act_problems.get(key):
+            return min(plan.requeue, 0.5)
         return plan.requeue
 
-    def ensure_basics(self, obs: Observed) -> bool:
-        """Secret, ConfigMap and the launcher's RBAC; False when blocked (reported on the job)."""
+    def ensure_basics(self, obs: Observed) -> list[str]:
+        """Secret, ConfigMap and the launcher's RBAC; what stands in their way, if anything."""
         spec = obs.spec
         assert spec is not None
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         phase = (obs.job.get("status") or {}).get("phase")
         if phase in st.TERMINAL:
-            return True
+            return []
         # Once all exist, look again only now and then: a steady job costs no extra requests.
-        checked = self._basics_checked.get(_job_key(spec))
+        checked = self._basics_checked.get(_job_key(spec.namespace, spec.name, spec.uid))
         now = self.clock()
         if checked and obs.configmap is not None and (now - checked).total_seconds() < 300:
-            return True
+            return []
         problems = []
         if spec.ssh_secret:
             secret = self.kube.get("Secret", spec.namespace, spec.ssh_secret)
@@ -308,12 +322,11 @@ class JobReconciler:
         for obj in wanted:
             if self.kube.get(obj["kind"], spec.namespace, obj["metadata"]["name"]) is None:
                 problems += self.ensure(obs, obj)
-        self.report_blocked(obs, problems)
         if problems:
-            self._basics_checked.pop(_job_key(spec), None)
+            self._basics_checked.pop(_job_key(spec.namespace, spec.name, spec.uid), None)
         else:
-            self._basics_checked[_job_key(spec)] = now
-        return not problems
+            self._basics_checked[_job_key(spec.namespace, spec.name, spec.uid)] = now
+        return problems
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
@@ -322,7 +335,7 @@ class JobReconciler:
         assert spec is not None
         name = naming.secret_name(spec.name)
         comment = f"etoperator-{spec.name}"
-        kept = self._key_texts.get(f"{spec.uid}/{name}")
+        kept = self._key_texts.get(f"{_job_key(spec.namespace, spec.name, spec.uid)}/{name}")
         keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
         problems = self.ensure(obs, ssh.ssh_secret(spec.name, spec.namespace, owner, keys))
         if (obs.job.get("status") or {}).get("currentWorkers") and not problems:
@@ -330,6 +343,14 @@ class JobReconciler:
             message = f"Secret {name} was missing; recreated {how}"
             self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
+
+    def forget(self, namespace: str, job: str) -> None:
+        """The job is gone: drop all memory of it (keys, checks, problems)."""
+        prefix = f"{namespace}/{job}/"
+        for cache in (self._keys, self._key_texts, self._basics_checked, self._act_problems):
+            for k in [k for k in cache if k.startswith(prefix)]:
+                cache.pop(k)
+        self._refused = {k for k in self._refused if not k.startswith(prefix)}
 
     def child_changed(self, namespace: str, job: str, kind: str, deleted: bool) -> None:
         """Someone else changed or deleted a child: look at the basics again on the next pass;
@@ -371,18 +392,6 @@ class JobReconciler:
                 return []
             return [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
-    def report_blocked(self, obs: Observed, problems: list[str]) -> None:
-        """Children in the way (foreign objects of our names): Blocked/ChildConflict, cleared
-        when they are gone (a refusal by the apiserver is cleared by `clear_refused`)."""
-        conds = (obs.job.get("status") or {}).get("conditions") or []
-        blocked = st.condition(conds, "Blocked") or {}
-        if problems:
-            message = "; ".join(problems)
-            if self._set_blocked(obs, "True", "ChildConflict", message):
-                self.kube.event(obs.job, "Warning", "ChildConflict", message, self.clock())
-        elif blocked.get("status") == "True" and blocked.get("reason") == "ChildConflict":
-            self._set_blocked(obs, "False", "Resolved", "nothing blocks the job")
-
     def report_refused(self, obs: Observed, exc: ApiError) -> None:
         """A write the apiserver refused (RBAC, admission, quota, validation): said on the job
         once, as Blocked/APIRefused with the server's words, and retried after a while."""
@@ -395,12 +404,6 @@ class JobReconciler:
             message = f"the API server refused {exc.request}: {exc}"
         if self._set_blocked(obs, "True", "APIRefused", message):
             self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
-
-    def clear_refused(self, obs: Observed) -> None:
-        conds = (obs.job.get("status") or {}).get("conditions") or []
-        blocked = st.condition(conds, "Blocked") or {}
-        if blocked.get("status") == "True" and blocked.get("reason") == "APIRefused":
-            self._set_blocked(obs, "False", "Resolved", "the API server accepts the job's writes")
 
     def _set_blocked(self, obs: Observed, status: str, reason: str, message: str) -> bool:
         conds = (obs.job.get("status") or {}).get("conditions") or []
@@ -423,15 +426,15 @@ class JobReconciler:
         job = obs.job
         ns, name = inp.namespace, inp.name
         rv = job["metadata"]["resourceVersion"]
-        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        by_key = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         # 0. scalers get a controller reference to their job (so they go with it).
         owner = Owner(naming.JOB_KIND, name, job["metadata"]["uid"])
         for key in plan.adopt_scalers:
-            s = scalers[key]
+            s = by_key[key]
             refs = [
                 r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")
             ]
-            scalers[key] = self.kube.patch(
+            by_key[key] = self.kube.patch(
                 key[0],
                 ns,
                 key[1],
@@ -442,21 +445,9 @@ class JobReconciler:
                     }
                 },
             )
-        # 1. spec replicas after a finished scale.
-        if plan.spec_replicas is not None:
-            patched = self.kube.patch(
-                naming.JOB_KIND,
-                ns,
-                name,
-                {
-                    "metadata": {"resourceVersion": rv},
-                    "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
-                },
-            )
-            rv = patched["metadata"]["resourceVersion"]
-        # 2. scaler statuses (frozen plans first).
+        # 1. scaler statuses (frozen plans first).
         for key, new in plan.scaler_status.items():
-            s = scalers[key]
+            s = by_key[key]
             self.kube.patch(
                 key[0],
                 ns,
@@ -470,10 +461,11 @@ class JobReconciler:
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
-        # 3. job status.
+        # 2. job status, then 3. the spec replicas it has accepted (replicasBefore marks them
+        # as ours until they land, so a crash between the two is never read as `kubectl scale`).
         old_status = job.get("status") or {}
         if plan.status != old_status:
-            self.kube.patch(
+            rv = self.kube.patch(
                 naming.JOB_KIND,
                 ns,
                 name,
@@ -482,6 +474,16 @@ class JobReconciler:
                     "status": _merge_patch(old_status, plan.status),
                 },
                 sub="status",
+            )["metadata"]["resourceVersion"]
+        if plan.spec_replicas is not None:
+            self.kube.patch(
+                naming.JOB_KIND,
+                ns,
+                name,
+                {
+                    "metadata": {"resourceVersion": rv},
+                    "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
+                },
             )
         for ev in plan.events:
             log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
@@ -492,8 +494,8 @@ class JobReconciler:
                 metrics.WORKERS_REPLACED.inc()
         for key, events in plan.scaler_events.items():
             for ev in events:
-                self.kube.event(scalers[key], ev.type, ev.reason, ev.message, self.clock())
-        if inp.spec is None:
+                self.kube.event(by_key[key], ev.type, ev.reason, ev.message, self.clock())
+        if inp.spec is None or inp.hold:
             return
         self.act_children(obs, inp.spec, plan)
 
@@ -539,33 +541,32 @@ class JobReconciler:
             )
             problems += self.ensure(obs, launcher)
         for wanted in plan.create_scalers:
-            body = {
-                "apiVersion": naming.API_VERSION,
-                "kind": wanted["kind"],
-                "metadata": {
-                    "name": wanted["name"],
-                    "namespace": ns,
-                    "labels": naming.job_labels(name),
-                    "annotations": {naming.ANN_SCALE_GENERATION: str(wanted["generation"])},
-                    "ownerReferences": [owner.reference()],
-                },
-                "spec": wanted["spec"],
-            }
-            try:
-                self.kube.create(body)
-                self.kube.event(
-                    obs.job,
-                    "Normal",
-                    "ReplicasChanged",
-                    f"replicas set to {spec.worker.replicas}: created "
-                    f"{wanted['kind']} {wanted['name']}",
-                    self.clock(),
-                )
-            except AlreadyExists:
-                pass
-        if problems:
-            self.report_blocked(obs, problems)
+            problems += self.make_replicas_scaler(obs, spec, owner, wanted)
+        # Said on the job by the next pass (one status write per pass).
+        self._act_problems[_job_key(spec.namespace, spec.name, spec.uid)] = problems
         self.run_scripts(obs, plan)
+
+    def make_replicas_scaler(
+        self, obs: Observed, spec: JobSpec, owner: Owner, wanted: dict[str, Any]
+    ) -> list[str]:
+        body = scalers.replicas_scaler(spec.namespace, owner, wanted)
+        try:
+            self.kube.create(body)
+        except AlreadyExists:
+            existing = self.kube.get(wanted["kind"], spec.namespace, wanted["name"])
+            if existing is None or scalers.is_replicas_scaler(
+                existing, spec.uid, wanted["generation"]
+            ):
+                return []
+            return [
+                f"{wanted['kind']} {wanted['name']} exists and was not made by the operator; "
+                f"`kubectl scale` to {spec.worker.replicas} waits until it is renamed or deleted"
+            ]
+        message = (
+            f"replicas set to {spec.worker.replicas}: created {wanted['kind']} {wanted['name']}"
+        )
+        self.kube.event(obs.job, "Normal", "ReplicasChanged", message, self.clock())
+        return []
 
     def run_scripts(self, obs: Observed, plan: Plan) -> None:
         """Scaler scripts, on the launcher; the outcome is a ScriptExecuted condition."""
@@ -638,6 +639,7 @@ def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
     except InvalidSpec as exc:
         spec, error = None, str(exc)
     refs = body["metadata"].get("ownerReferences") or []
+    made = (body["metadata"].get("annotations") or {}).get(naming.ANN_SCALE_GENERATION, "")
     return ScalerView(
         kind=body["kind"],
         name=body["metadata"]["name"],
@@ -648,6 +650,7 @@ def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
         owned=is_controlled_by(body, job_uid)
         if job_uid
         else any(r.get("controller") for r in refs),
+        made_for=int(made) if made.isdigit() else None,
     )
 
 

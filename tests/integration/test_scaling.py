@@ -406,3 +406,41 @@ def test_deleting_a_running_scale_in_keeps_its_workers(cluster: Cluster, ns: str
         wait_for(lambda: cluster.hosts(ns, "ci") == ["ci-worker-0", "ci-worker-1"], 10)
     assert cluster.pods(ns, "ci", "worker") == ["ci-worker-0", "ci-worker-1"]
     assert (cluster.condition(ns, "ci", "Scaling") or {}).get("reason") == "ScaleCancelled"
+
+
+def spec_replicas(cluster: Cluster, ns: str, name: str) -> int:
+    return int(cluster.job(ns, name)["spec"]["etReplicaSpecs"]["worker"]["replicas"])
+
+
+def test_a_failed_kubectl_scale_gives_back_the_real_size(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("kf", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "kf")
+    cluster.kubelet.held.add((ns, "kf-worker-2"))
+    cluster.kubectl("scale", "tj", "kf", "-n", ns, "--replicas", "3")
+    wait_for(lambda: (ns, "kf-worker-2") in cluster.kubelet.pods, 20, "worker 2 on the node")
+    assert spec_replicas(cluster, ns, "kf") == 3  # the target, while the scale runs
+    cluster.kubelet.finish(ns, "kf-worker-2", 1, "Error")
+    (made,) = cluster.api.list(SO, ns)
+    settled(cluster, ns, SO, made["metadata"]["name"], "ScaleFailed")
+    wait_for(lambda: spec_replicas(cluster, ns, "kf") == 2, 10, "the real size given back")
+    assert cluster.hosts(ns, "kf") == ["kf-worker-0", "kf-worker-1"]
+    # Asking for the same size again is a new request, not a no-op.
+    cluster.kubectl("scale", "tj", "kf", "-n", ns, "--replicas", "3")
+    wait_for(lambda: len(cluster.hosts(ns, "kf")) == 3, 20, "scaled to 3")
+    assert spec_replicas(cluster, ns, "kf") == 3
+
+
+def test_kubectl_scale_waits_out_a_scaler_squatting_on_its_name(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("sq", replicas=1, maxReplicas=4), ns)
+    running(cluster, ns, "sq", workers=1)
+    generation = int(cluster.job(ns, "sq")["metadata"]["generation"])
+    squatter = f"sq-replicas-{generation + 1}"  # what the next `kubectl scale` would make
+    cluster.create(scaleout(squatter, "someone-else", 1), ns)
+    cluster.kubectl("scale", "tj", "sq", "-n", ns, "--replicas", "2")
+    blocked = wait_for(lambda: cluster.condition(ns, "sq", "Blocked") or {}, 10, "Blocked")
+    assert blocked["status"] == "True" and squatter in blocked["message"], blocked
+    cluster.wait_event(ns, "sq", "ChildConflict", "Warning")
+    assert cluster.hosts(ns, "sq") == ["sq-worker-0"]
+    cluster.api.delete(SO, ns, squatter)
+    wait_for(lambda: len(cluster.hosts(ns, "sq")) == 2, 20, "scaled to 2 once it is gone")
+    wait_for(lambda: (cluster.condition(ns, "sq", "Blocked") or {}).get("status") == "False", 10)

@@ -361,4 +361,10 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
     assert done.spec_replicas is None  # the user's 5 is kept, not overwritten with 3
     (follow_up,) = done.create_scalers
     assert follow_up["kind"] == "ScaleOut" and follow_up["spec"]["toAdd"] == {"count": 2}
-    assert done.status["acceptedReplicas"] == 5
+    # Taken once its scaler is seen: a crash before the create lands leaves the request standing.
+    assert done.status["acceptedReplicas"] == 3
+    made = scaler(scaleout(follow_up["name"], "j", 2), created="2026-01-01T11:30:00Z")
+    made = dataclasses.replace(made, made_for=follow_up["generation"])
+    so = dataclasses.replace(so, status=done.scaler_status[so.key])
+    taken = plan_job(inp(spec, done.status, pods, [so, made], published=joined.hosts))
+    assert taken.status["acceptedReplicas"] == 5 and not taken.create_scalers

@@ -1,0 +1,146 @@
+"""Crash consistency: the operator SIGKILLed right after each write of the scale path lands.
+
+The fault proxy kills the operator once the n-th write of a scale has reached the apiserver
+(before the operator hears the answer); a new operator process takes over. For every kind of
+scale and every n up to the number of writes it makes, the world must end as the scalers say:
+no duplicate or orphan pod, no stuck scaler, workers as many as the successful scalers imply."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from etoperator import naming
+from tests.faultproxy import Crash
+from tests.harness import Cluster, wait_for
+from tests.integration.jobs import job, scalein, scaleout
+from tests.integration.test_lifecycle import running
+
+pytestmark = pytest.mark.integration
+SO, SI = "ScaleOut", "ScaleIn"
+JOB = "cc"
+
+
+@dataclass
+class Scale:
+    kind: str
+    delta: int
+    start: Callable[[Cluster, str, str, list[str]], None]  # cluster, ns, op name, members
+
+
+def _out(c: Cluster, ns: str, name: str, members: list[str]) -> None:
+    c.create(scaleout(name, JOB, 1), ns)
+
+
+def _in_count(c: Cluster, ns: str, name: str, members: list[str]) -> None:
+    c.create(scalein(name, JOB, count=1), ns)
+
+
+def _in_name(c: Cluster, ns: str, name: str, members: list[str]) -> None:
+    c.create(scalein(name, JOB, pod_names=[members[1]]), ns)  # not the highest index
+
+
+def _kubectl(delta: int) -> Callable[[Cluster, str, str, list[str]], None]:
+    def start(c: Cluster, ns: str, name: str, members: list[str]) -> None:
+        c.kubectl("scale", "tj", JOB, "-n", ns, "--replicas", str(len(members) + delta))
+
+    return start
+
+
+SCALES = [
+    Scale("ScaleOut", 1, _out),
+    Scale("ScaleIn by name", -1, _in_name),
+    Scale("kubectl scale up", 1, _kubectl(1)),
+    Scale("kubectl scale down", -1, _kubectl(-1)),
+    Scale("kubectl scale up", 1, _kubectl(1)),
+    Scale("ScaleIn by count", -1, _in_count),
+]
+
+
+def members(c: Cluster, ns: str) -> list[str]:
+    return list(c.status(ns, JOB).get("targetWorkers") or [])
+
+
+def scalers(c: Cluster, ns: str) -> list[dict[str, Any]]:
+    return [*c.api.list(SO, ns), *c.api.list(SI, ns)]
+
+
+def consistent(c: Cluster, ns: str, expected: int) -> bool:
+    """The world as the scalers say: all ended well, and pods = members = hosts = spec."""
+    body = c.job(ns, JOB)
+    status = body.get("status") or {}
+    target = list(status.get("targetWorkers") or [])
+    return (
+        all((s.get("status") or {}).get("phase") == "ScaleSucceeded" for s in scalers(c, ns))
+        and not status.get("currentScaler")
+        and len(target) == expected
+        and sorted(c.pods(ns, JOB, "worker")) == sorted(target)
+        and sorted(c.hosts(ns, JOB)) == sorted(target)
+        and body["spec"]["etReplicaSpecs"]["worker"]["replicas"] == expected
+    )
+
+
+def scale_once(c: Cluster, ns: str, scale: Scale, name: str, crash_at: int | None) -> int:
+    """One scale, the operator killed after its `crash_at`-th write; the writes it made."""
+    before = members(c, ns)
+    crash = c.proxy.arm_crash(Crash(c.operator.kill, after=crash_at or 10**9))
+    scale.start(c, ns, name, before)
+    expected = len(before) + scale.delta
+    wait_for(lambda: crash.killed.is_set() or consistent(c, ns, expected), 30, f"{name} done")
+    if crash.killed.wait(0):
+        c.operator.start()  # a new process takes over from what it observes
+    c.proxy.disarm()
+    try:
+        wait_for(lambda: consistent(c, ns, expected), 30, f"{name} consistent after a crash")
+    except AssertionError:
+        print(f"status: {c.status(ns, JOB)}\npods: {c.pods(ns, JOB, 'worker')}")
+        print(f"hosts: {c.hosts(ns, JOB)}\nspec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
+        for sc in scalers(c, ns):
+            print(sc["kind"], sc["metadata"]["name"], sc.get("status"))
+        raise
+    return crash.writes
+
+
+def test_a_crash_at_every_write_of_a_scale_is_harmless(cluster: Cluster, ns: str) -> None:
+    cluster.create(job(JOB, replicas=2, maxReplicas=6), ns)
+    running(cluster, ns, JOB)
+    # Each round is the cycle of SCALES (back to 2 workers), the operator killed after the k-th
+    # write of every scale in it; a scale with fewer writes ends without a crash.
+    writes = [scale_once(cluster, ns, scale, f"clean-{i}", None) for i, scale in enumerate(SCALES)]
+    ops = 0
+    for k in range(1, max(writes) + 1):
+        for i, scale in enumerate(SCALES):
+            scale_once(cluster, ns, scale, f"crash-{k}-{i}", k)
+            ops += k <= writes[i]
+    kubectl_ops = (max(writes) + 1) * sum(1 for s in SCALES if s.kind.startswith("kubectl"))
+    assert ops >= 50, f"only {ops} crashed scales"
+    made = [s for s in scalers(cluster, ns) if naming.ANN_SCALE_GENERATION in annots(s)]
+    # One scaler per `kubectl scale`, never one the operator made out of its own write.
+    assert len(made) == kubectl_ops, sorted(str(annots(s)) for s in made)
+
+
+def annots(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("annotations") or {})
+
+
+def test_a_crash_as_a_scale_succeeds_never_undoes_it(cluster: Cluster, ns: str) -> None:
+    cluster.create(job(JOB, replicas=2, maxReplicas=6), ns)
+    running(cluster, ns, JOB)
+    crash = cluster.proxy.arm_crash(
+        Crash(
+            cluster.operator.kill,
+            when=lambda _m, path, body: (
+                path.endswith("/scaleouts/a/status") and b"ScaleSucceeded" in body
+            ),
+        )
+    )
+    cluster.create(scaleout("a", JOB, 1), ns)
+    cluster.create(scaleout("b", JOB, 1), ns)
+    assert crash.killed.wait(30), "the operator was never killed"
+    cluster.proxy.disarm()
+    cluster.operator.start()
+    wait_for(lambda: consistent(cluster, ns, 4), 30, "both ScaleOuts kept")
+    assert len(scalers(cluster, ns)) == 2  # no ScaleIn made to undo one of them
