@@ -43,6 +43,15 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="node taint key announcing termination (repeatable)",
     )
+    run.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        help="most workers a job may have (default 1000; the schema allows at most 10000)",
+    )
+    run.add_argument(
+        "--script-workers", type=int, default=None, help="scaler scripts run at once (default 8)"
+    )
     run.add_argument("--log-format", choices=("text", "json"), default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -56,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ETOPERATOR_WATCH_NODES"] = "0" if args.no_node_watch else "1"
     if args.preemption_taint is not None:
         os.environ["ETOPERATOR_PREEMPTION_TAINTS"] = ",".join(args.preemption_taint)
+    for flag, var in ((args.max_workers, "MAX_WORKERS"), (args.script_workers, "SCRIPT_WORKERS")):
+        if flag is not None:
+            os.environ[f"ETOPERATOR_{var}"] = str(flag)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
         os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig

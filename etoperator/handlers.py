@@ -7,6 +7,7 @@ from the CLI or from ETOPERATOR_* environment variables (see etoperator/settings
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +52,8 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         kube=kube.Kube(api),
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
         ssh_checks=cfg.ssh_checks,
+        max_workers=cfg.max_workers,
+        script_pool=concurrent.futures.ThreadPoolExecutor(cfg.script_workers, "etoperator-script"),
     )
     RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints))
     if cfg.metrics_port:

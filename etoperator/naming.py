@@ -33,6 +33,10 @@ ANN_RUN = f"{ANN_PREFIX}/run"
 # Set on scalers the operator creates for `kubectl scale`.
 ANN_SCALE_GENERATION = f"{ANN_PREFIX}/replicas-generation"
 
+# Volumes the operator adds to pods, and where the first container gets them: reserved, so a
+# template can neither receive the private key elsewhere nor have its own volume replaced.
+SSH_VOLUME = "etoperator-ssh"
+CONFIG_VOLUME = "etoperator-config"
 CONFIG_MOUNT = "/etc/edl"
 SSH_MOUNT = "/root/.ssh"
 HOSTFILE_KEY = "hostfile"

@@ -91,6 +91,8 @@ class JobInput:
     now: datetime
     published: list[str] | None = None  # the host list in the ConfigMap now
     problems: tuple[str, ...] = ()  # children in the way (found now, or by the last pass's acts)
+    public_key: str | None = None  # the job's SSH public key, recorded for a later rotation
+    squatted: tuple[str, ...] = ()  # worker names held by pods that are not this job's
     hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
 
@@ -163,10 +165,12 @@ def check_scale_in(
 
 def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str | None:
     assert spec.count is not None
-    limit = job.worker.max_replicas
-    if limit is not None and len(members) + spec.count > limit:
+    limit, what = job.worker.max_replicas, "maxReplicas"
+    if limit is None or limit > job.worker.limit:
+        limit, what = job.worker.limit, "this operator's limit of workers per job"
+    if len(members) + spec.count > limit:
         return (
-            f"adding {spec.count} to {len(members)} workers would exceed maxReplicas {limit}; "
+            f"adding {spec.count} to {len(members)} workers would exceed {what} {limit}; "
             "nothing added"
         )
     return None
@@ -302,6 +306,8 @@ class _Planner:
             self.s.pop("phase", None)
             self.s.pop("completionTime", None)
         self.s["workerSelector"] = naming.worker_selector(job.name)
+        if inp.public_key:
+            self.s["sshPublicKey"] = inp.public_key
         self.adopt_scalers()
         if not self.s.get("phase"):
             self.s["startTime"] = self.s.get("startTime") or self.now
@@ -628,6 +634,17 @@ class _Planner:
         self, sc: ScalerView, members: list[str], hosts: list[str], broken: list[str]
     ) -> tuple[list[str], list[str]]:
         new = sc.planned
+        taken = [n for n in new if n in self.inp.squatted]
+        if taken:  # never ours to wait for, nor to remove
+            ours = [n for n in new if n not in taken]
+            for n in ours:
+                self.delete(n)
+            why = f"pod {', '.join(taken)} exists and is not this job's"
+            removed = f"; removed {', '.join(ours)}" if ours else ""
+            self.fail_scaler(sc, "ScaleOutFailed", f"{why}; nothing added{removed}")
+            self.s["currentScaler"] = ""
+            self.cond(st.SCALING, "False", "ScaleOutFailed", why)
+            return [m for m in members if m not in new], [h for h in hosts if h not in new]
         if broken or self.timed_out(sc):
             assert sc.spec is not None
             missing = [n for n in new if not (self.workers.get(n) and self.workers[n].ready)]
@@ -843,6 +860,8 @@ class _Planner:
         job = self.inp.spec
         if job is not None:
             members = set(self.s.get("targetWorkers") or [])
+            wanted = {naming.worker_index(job.name, m) for m in members}
+            self.plan.create_workers = sorted(set(self.plan.create_workers) & wanted)
             keep = {
                 p.name
                 for p in self.workers.values()
@@ -852,7 +871,7 @@ class _Planner:
             if self.s.get("phase") not in st.TERMINAL:
                 keep |= members
             self.plan.services = sorted(keep)
-            self.plan.create_workers = sorted(set(self.plan.create_workers))
+
             run_pods = [
                 p
                 for p in self.inp.pods

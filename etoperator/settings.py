@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from etoperator.api.models import DEFAULT_MAX_WORKERS, MAX_WORKERS
+
 # Taints that cloud providers and node-termination handlers put on a node about to go away.
 DEFAULT_PREEMPTION_TAINTS = (
     "cloud.google.com/impending-node-termination",
@@ -31,6 +33,8 @@ class Settings:
     watch_timeout: int
     watch_nodes: bool
     preemption_taints: tuple[str, ...]
+    max_workers: int
+    script_workers: int
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -48,11 +52,16 @@ class Settings:
             preemption_taints=tuple(t for t in taints.split(",") if t)
             if taints is not None
             else DEFAULT_PREEMPTION_TAINTS,
+            max_workers=min(
+                MAX_WORKERS, int(env.get("ETOPERATOR_MAX_WORKERS", DEFAULT_MAX_WORKERS))
+            ),
+            script_workers=max(1, int(env.get("ETOPERATOR_SCRIPT_WORKERS", "8"))),
         )
 
     def describe(self) -> str:
         return (
             f"ssh_checks={self.ssh_checks} ssh_port={self.ssh_port} "
             f"metrics_port={self.metrics_port or 'off'} watch_nodes={self.watch_nodes} "
-            f"preemption_taints={','.join(self.preemption_taints) or 'none'}"
+            f"preemption_taints={','.join(self.preemption_taints) or 'none'} "
+            f"max_workers={self.max_workers} script_workers={self.script_workers}"
         )

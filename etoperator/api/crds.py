@@ -44,27 +44,55 @@ def _enum(values: tuple[str, ...], default: str | None, desc: str) -> Schema:
     return s
 
 
+def _objects(required: list[str], properties: dict[str, Schema] | None = None) -> Schema:
+    item: Schema = {
+        "type": "object",
+        "required": required,
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    item["properties"] = {k: {"type": "string"} for k in required} | (properties or {})
+    return {"type": "array", "items": item}
+
+
+_STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
+_OPEN: Schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+# The parts of a container the operator reads or adds to; the rest is the kubelet's business.
+_CONTAINER: Schema = _objects(
+    ["name"],
+    {
+        "image": {"type": "string"},
+        "command": {"type": "array", "items": {"type": "string"}},
+        "args": {"type": "array", "items": {"type": "string"}},
+        "env": _objects(["name"], {"value": {"type": "string"}}),
+        "volumeMounts": _objects(["name", "mountPath"]),
+        "resources": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {"limits": _OPEN, "requests": _OPEN},
+        },
+    },
+)
+
+
 def _pod_template(desc: str) -> Schema:
     return {
         "type": "object",
         "description": desc,
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
-            "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "metadata": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {"labels": _STRING_MAP, "annotations": _STRING_MAP},
+            },
             "spec": {
                 "type": "object",
                 "x-kubernetes-preserve-unknown-fields": True,
                 "required": ["containers"],
                 "properties": {
-                    "containers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "required": ["name"],
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        },
-                    }
+                    "containers": {**_CONTAINER, "minItems": 1},
+                    "initContainers": _CONTAINER,
+                    "volumes": _objects(["name"]),
                 },
             },
         },
@@ -134,9 +162,16 @@ def trainingjob_schema() -> Schema:
         "required": ["template"],
         "x-kubernetes-validations": _WORKER_CEL,
         "properties": {
-            "replicas": _int(1, 1, "initial and desired worker count"),
-            "minReplicas": _int(1, None, "fewest workers scaling may leave (default 1)"),
-            "maxReplicas": _int(1, None, "most workers scaling may reach (default unbounded)"),
+            "replicas": _int(1, 1, "initial and desired worker count", models.MAX_WORKERS),
+            "minReplicas": _int(
+                1, None, "fewest workers scaling may leave (default 1)", models.MAX_WORKERS
+            ),
+            "maxReplicas": _int(
+                1,
+                None,
+                "most workers scaling may reach (default: the operator's limit)",
+                models.MAX_WORKERS,
+            ),
             "restartPolicy": _enum(
                 models.WORKER_RESTART_POLICIES, None, "replace a failed worker? (default Never)"
             ),
@@ -165,7 +200,9 @@ def trainingjob_schema() -> Schema:
                 "required": ["launcher", "worker"],
                 "properties": {"launcher": launcher, "worker": worker},
             },
-            "slotsPerWorker": _int(1, None, "slots per host (default: GPU limit, else 1)"),
+            "slotsPerWorker": _int(
+                1, None, "slots per host (default: GPU limit, else 1)", models.MAX_SLOTS
+            ),
             "cleanPodPolicy": _enum(models.CLEAN_POD_POLICIES, "Running", "pods to delete at end"),
             "restartPolicy": _enum(models.JOB_RESTART_POLICIES, "Never", "restart a failed job?"),
             "backoffLimit": _int(0, models.DEFAULT_BACKOFF_LIMIT, "most whole-job restarts"),
@@ -186,6 +223,7 @@ def trainingjob_schema() -> Schema:
             "runStartIndex": {"type": "integer"},
             "acceptedReplicas": {"type": "integer"},
             "replicasBefore": {"type": "integer"},
+            "sshPublicKey": {"type": "string"},
             "scalerPods": _STRINGS,
         }
     )
@@ -229,7 +267,7 @@ def scaleout_schema() -> Schema:
             "toAdd": {
                 "type": "object",
                 "required": ["count"],
-                "properties": {"count": _int(1, None, "workers to add")},
+                "properties": {"count": _int(1, None, "workers to add", models.MAX_WORKERS)},
             }
         },
         ["toAdd"],
@@ -252,8 +290,15 @@ def scalein_schema() -> Schema:
                     }
                 ],
                 "properties": {
-                    "count": _int(1, None, "workers to remove, highest indices first"),
-                    "podNames": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    "count": _int(
+                        1, None, "workers to remove, highest indices first", models.MAX_WORKERS
+                    ),
+                    "podNames": {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": models.MAX_WORKERS,
+                        "items": {"type": "string", "maxLength": 253},
+                    },
                 },
             }
         },

@@ -23,6 +23,13 @@ DEFAULT_TIMEOUT = 60
 # fail and be retried, not hold the job's scaler queue for weeks).
 MAX_TIMEOUT = 86_400
 DEFAULT_BACKOFF_LIMIT = 6
+# Workers per job: the schema's ceiling, and the operator's default limit below it
+# (ETOPERATOR_MAX_WORKERS / --max-workers). Names, Services and host lists grow with it.
+MAX_WORKERS = 10_000
+DEFAULT_MAX_WORKERS = 1_000
+MAX_SLOTS = 1_024  # slots (processes) per worker
+RESERVED_VOLUMES = (naming.SSH_VOLUME, naming.CONFIG_VOLUME)
+RESERVED_MOUNTS = (naming.SSH_MOUNT, naming.CONFIG_MOUNT)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -64,21 +71,100 @@ def _dict(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _list(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidSpec(f"{what} must be a list")
+    return value
+
+
+def _str(value: Any, what: str, required: bool = False) -> None:
+    if (value is None and required) or (value is not None and not isinstance(value, str)):
+        raise InvalidSpec(f"{what} must be a string")
+
+
+def _strings(value: Any, what: str) -> None:
+    """A map of strings (labels, annotations) or a list of strings (command, args)."""
+    items = _dict(value, what).values() if not isinstance(value, list) else value
+    if any(not isinstance(v, str) for v in items):
+        raise InvalidSpec(f"{what} must hold strings only")
+
+
+def _objects(value: Any, what: str, required: tuple[str, ...]) -> list[dict[str, Any]]:
+    out = []
+    for i, item in enumerate(_list(value, what)):
+        if not isinstance(item, dict):
+            raise InvalidSpec(f"{what}[{i}] must be an object")
+        for key in required:
+            _str(item.get(key), f"{what}[{i}].{key}", required=True)
+        out.append(item)
+    return out
+
+
+def _container(c: dict[str, Any], what: str, first: bool) -> None:
+    _str(c.get("image"), f"{what}.image")
+    for key in ("command", "args"):
+        if key in c:
+            _strings(_list(c[key], f"{what}.{key}"), f"{what}.{key}")
+    for i, e in enumerate(_objects(c.get("env"), f"{what}.env", ("name",))):
+        _str(e.get("value"), f"{what}.env[{i}].value")
+    if "resources" in c:
+        if not isinstance(c["resources"], dict):  # null too: the builders read into it
+            raise InvalidSpec(f"{what}.resources must be an object")
+        resources = c["resources"]
+        for key in ("limits", "requests"):
+            _dict(resources.get(key), f"{what}.resources.{key}")
+    for i, m in enumerate(_objects(c.get("volumeMounts"), f"{what}.volumeMounts", ("name",))):
+        where = f"{what}.volumeMounts[{i}]"
+        _str(m.get("mountPath"), f"{where}.mountPath", required=True)
+        if m["name"] in RESERVED_VOLUMES:
+            raise InvalidSpec(f"{where}.name {m['name']!r} is the operator's volume; pick another")
+        if first and m["mountPath"].rstrip("/") in RESERVED_MOUNTS:
+            raise InvalidSpec(
+                f"{where}.mountPath {m['mountPath']} is where the operator mounts its own volume"
+            )
+
+
 def _template(value: Any, what: str) -> dict[str, Any]:
+    """A pod template the builders can use: every field they read has the right shape, and
+    no name or path the operator reserves is taken (the message names the field)."""
     tpl = _dict(value, what)
-    containers = _dict(tpl.get("spec"), f"{what}.spec").get("containers")
-    if not isinstance(containers, list) or not containers or not isinstance(containers[0], dict):
+    meta = _dict(tpl.get("metadata"), f"{what}.metadata")
+    for key in ("labels", "annotations"):
+        _strings(meta.get(key), f"{what}.metadata.{key}")
+    spec = _dict(tpl.get("spec"), f"{what}.spec")
+    containers = _objects(spec.get("containers"), f"{what}.spec.containers", ("name",))
+    if not containers:
         raise InvalidSpec(f"{what}.spec.containers must list at least one container")
+    for i, c in enumerate(containers):
+        _container(c, f"{what}.spec.containers[{i}]", first=i == 0)
+    for i, c in enumerate(
+        _objects(spec.get("initContainers"), f"{what}.spec.initContainers", ("name",))
+    ):
+        _container(c, f"{what}.spec.initContainers[{i}]", first=False)
+    for i, v in enumerate(_objects(spec.get("volumes"), f"{what}.spec.volumes", ("name",))):
+        if v["name"] in RESERVED_VOLUMES:
+            raise InvalidSpec(
+                f"{what}.spec.volumes[{i}].name {v['name']!r} is reserved for the operator; "
+                "pick another name"
+            )
     return copy.deepcopy(tpl)
 
 
-def _gpu_limit(template: dict[str, Any]) -> int | None:
-    limits = template["spec"]["containers"][0].get("resources", {}).get("limits", {}) or {}
+def _gpu_limit(template: dict[str, Any], what: str) -> int | None:
+    """Slots from the first container's nvidia.com/gpu limit: a whole number of GPUs."""
+    limits = (template["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
     raw = limits.get("nvidia.com/gpu")
-    try:
-        return int(str(raw)) if raw is not None else None
-    except ValueError:
+    if raw is None:
         return None
+    text = str(raw)
+    if not text.isdigit() or not 0 <= int(text) <= MAX_SLOTS:
+        raise InvalidSpec(
+            f"{what}.spec.containers[0].resources.limits['nvidia.com/gpu'] must be a whole "
+            f"number of GPUs from 0 to {MAX_SLOTS}, got {text!r}"
+        )
+    return int(text) or None
 
 
 @dataclass(frozen=True)
@@ -88,6 +174,7 @@ class WorkerSpec:
     min_replicas: int
     max_replicas: int | None
     restart_policy: str
+    limit: int = DEFAULT_MAX_WORKERS  # this operator's most workers per job
 
 
 @dataclass(frozen=True)
@@ -112,7 +199,7 @@ class JobSpec:
     annotations: dict[str, str] = field(default_factory=dict)
 
 
-def parse_job(body: dict[str, Any]) -> JobSpec:
+def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> JobSpec:
     """A defaulted JobSpec from a TrainingJob body; InvalidSpec says what is wrong."""
     meta = body.get("metadata", {})
     name = meta.get("name", "")
@@ -126,10 +213,16 @@ def parse_job(body: dict[str, Any]) -> JobSpec:
     launcher = _dict(replica_specs["launcher"], "spec.etReplicaSpecs.launcher")
     worker = _dict(replica_specs["worker"], "spec.etReplicaSpecs.worker")
     wpath = "spec.etReplicaSpecs.worker"
-    replicas = _int(worker.get("replicas"), f"{wpath}.replicas", 1, 1)
-    min_r = _int(worker.get("minReplicas"), f"{wpath}.minReplicas", 1, 1)
-    max_r = _int(worker.get("maxReplicas"), f"{wpath}.maxReplicas", None, 1)
+    replicas = _int(worker.get("replicas"), f"{wpath}.replicas", 1, 1, MAX_WORKERS)
+    min_r = _int(worker.get("minReplicas"), f"{wpath}.minReplicas", 1, 1, MAX_WORKERS)
+    max_r = _int(worker.get("maxReplicas"), f"{wpath}.maxReplicas", None, 1, MAX_WORKERS)
     assert replicas is not None and min_r is not None
+    for field_name, value in (("replicas", replicas), ("minReplicas", min_r)):
+        if value > max_workers:
+            raise InvalidSpec(
+                f"{wpath}.{field_name} ({value}) is above this operator's limit of {max_workers} "
+                "workers per job (ETOPERATOR_MAX_WORKERS)"
+            )
     if min_r > replicas:
         raise InvalidSpec(f"{wpath}.minReplicas ({min_r}) is above replicas ({replicas})")
     if max_r is not None and replicas > max_r:
@@ -139,9 +232,10 @@ def parse_job(body: dict[str, Any]) -> JobSpec:
         raise InvalidSpec(f"spec.etReplicaSpecs.launcher.replicas must be 1, got {lreplicas}")
     wtemplate = _template(worker.get("template"), f"{wpath}.template")
     ltemplate = _template(launcher.get("template"), "spec.etReplicaSpecs.launcher.template")
-    slots = _int(spec.get("slotsPerWorker"), "spec.slotsPerWorker", None, 1)
+    slots = _int(spec.get("slotsPerWorker"), "spec.slotsPerWorker", None, 1, MAX_SLOTS)
+    gpus = _gpu_limit(wtemplate, f"{wpath}.template")
     if slots is None:
-        slots = _gpu_limit(wtemplate) or 1
+        slots = gpus or 1
     _choice(spec.get("launcherAttachMode"), "spec.launcherAttachMode", ATTACH_MODES, "ssh")
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     ssh_secret = annotations.get(naming.ANN_SSH_SECRET) or None
@@ -167,6 +261,7 @@ def parse_job(body: dict[str, Any]) -> JobSpec:
             replicas=replicas,
             min_replicas=min_r,
             max_replicas=max_r,
+            limit=max_workers,
             restart_policy=_choice(
                 worker.get("restartPolicy"),
                 f"{wpath}.restartPolicy",
@@ -228,7 +323,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
     pod_names: tuple[str, ...] | None = None
     if kind == naming.SCALEOUT_KIND:
         to_add = _dict(spec.get("toAdd"), "spec.toAdd")
-        count = _int(to_add.get("count"), "spec.toAdd.count", None, 1)
+        count = _int(to_add.get("count"), "spec.toAdd.count", None, 1, MAX_WORKERS)
         if count is None:
             raise InvalidSpec("spec.toAdd.count is required and must be at least 1")
     else:
@@ -240,11 +335,11 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         if has_count == has_names:
             raise InvalidSpec("spec.toDelete needs exactly one of count and podNames")
         if has_count:
-            count = _int(to_delete.get("count"), "spec.toDelete.count", None, 1)
+            count = _int(to_delete.get("count"), "spec.toDelete.count", None, 1, MAX_WORKERS)
         else:
             names = to_delete.get("podNames")
-            if not isinstance(names, list) or not names:
-                raise InvalidSpec("spec.toDelete.podNames must list at least one pod")
+            if not isinstance(names, list) or not names or len(names) > MAX_WORKERS:
+                raise InvalidSpec(f"spec.toDelete.podNames must list from 1 to {MAX_WORKERS} pods")
             for n in names:
                 if not isinstance(n, str) or not naming.is_dns1123_label(n):
                     raise InvalidSpec(f"spec.toDelete.podNames holds an invalid pod name {n!r}")

@@ -11,8 +11,8 @@ from etoperator.api.models import JobSpec
 from etoperator.builders import ssh
 from etoperator.builders.common import Owner, metadata
 
-SSH_VOLUME = "etoperator-ssh"
-CONFIG_VOLUME = "etoperator-config"
+SSH_VOLUME = naming.SSH_VOLUME
+CONFIG_VOLUME = naming.CONFIG_VOLUME
 # sshd in the foreground, logging to stderr: what a worker runs when its template gives no command.
 DEFAULT_WORKER_COMMAND = ["/usr/sbin/sshd", "-D", "-e"]
 SSH_MODE = 0o600
@@ -20,14 +20,16 @@ SCRIPT_MODE = 0o755
 FILE_MODE = 0o644
 
 
-def _ssh_volume(secret: str, has_config: bool) -> dict[str, Any]:
+def _ssh_volume(secret: str, keys: frozenset[str]) -> dict[str, Any]:
+    """`keys`: those the Secret holds. Without authorized_keys (a user's Secret may lack it)
+    the public key is trusted alone."""
+    trusted = ssh.AUTHORIZED_KEYS if ssh.AUTHORIZED_KEYS in keys else ssh.PUBLIC_KEY
     items = [
         {"key": ssh.PRIVATE_KEY, "path": ssh.PRIVATE_KEY},
         {"key": ssh.PUBLIC_KEY, "path": ssh.PUBLIC_KEY},
-        # Mapping the public key here lets a user-supplied Secret without authorized_keys work.
-        {"key": ssh.PUBLIC_KEY, "path": ssh.AUTHORIZED_KEYS},
+        {"key": trusted, "path": ssh.AUTHORIZED_KEYS},
     ]
-    if has_config:
+    if ssh.CONFIG in keys:
         items.append({"key": ssh.CONFIG, "path": ssh.CONFIG})
     return {
         "name": SSH_VOLUME,
@@ -90,12 +92,12 @@ def _pod(
 
 
 def worker_pod(
-    job: JobSpec, owner: Owner, index: int, secret: str, secret_has_config: bool
+    job: JobSpec, owner: Owner, index: int, secret: str, secret_keys: frozenset[str]
 ) -> dict[str, Any]:
     name = naming.worker_name(job.name, index)
     spec = _with_volumes(
         job.worker.template,
-        [_ssh_volume(secret, secret_has_config)],
+        [_ssh_volume(secret, secret_keys)],
         [{"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT}],
     )
     first = spec["containers"][0]
@@ -107,13 +109,13 @@ def worker_pod(
 
 
 def launcher_pod(
-    job: JobSpec, owner: Owner, secret: str, secret_has_config: bool, run: int
+    job: JobSpec, owner: Owner, secret: str, secret_keys: frozenset[str], run: int
 ) -> dict[str, Any]:
     """The launcher of run `run` (the job's restartCount): the run is stamped on the pod so a
     launcher left over from an earlier run is never taken for the current one."""
     spec = _with_volumes(
         job.launcher.template,
-        [_ssh_volume(secret, secret_has_config), _config_volume(job.name)],
+        [_ssh_volume(secret, secret_keys), _config_volume(job.name)],
         [
             {"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT},
             {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ PRIVATE_KEY = "id_rsa"
 PUBLIC_KEY = "id_rsa.pub"
 AUTHORIZED_KEYS = "authorized_keys"
 CONFIG = "config"
+OWN_KEYS = frozenset({PRIVATE_KEY, PUBLIC_KEY, AUTHORIZED_KEYS, CONFIG})  # the operator's Secret
 
 SSH_CLIENT_CONFIG = """\
 Host *
@@ -63,7 +65,15 @@ def keypair_from_private(private_openssh: str, comment: str = "etoperator") -> K
     return KeyPair(private_openssh=private_openssh, public_openssh=f"{public} {comment}\n")
 
 
-def ssh_secret(job: str, namespace: str, owner: Owner, keys: KeyPair) -> dict[str, Any]:
+def ssh_secret(
+    job: str, namespace: str, owner: Owner, keys: KeyPair, also_trusted: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`also_trusted`: earlier public keys that pods still holding them must keep using."""
+    trusted = keys.public_openssh + "".join(
+        k.strip() + "\n"
+        for k in also_trusted
+        if k.strip() and k.strip() != keys.public_openssh.strip()
+    )
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -72,7 +82,7 @@ def ssh_secret(job: str, namespace: str, owner: Owner, keys: KeyPair) -> dict[st
         "stringData": {
             PRIVATE_KEY: keys.private_openssh,
             PUBLIC_KEY: keys.public_openssh,
-            AUTHORIZED_KEYS: keys.public_openssh,
+            AUTHORIZED_KEYS: trusted,
             CONFIG: SSH_CLIENT_CONFIG,
         },
     }
@@ -82,3 +92,17 @@ def missing_keys(secret: dict[str, Any]) -> list[str]:
     """Keys a usable job Secret must hold but this one lacks."""
     data = {**(secret.get("data") or {}), **(secret.get("stringData") or {})}
     return [k for k in (PRIVATE_KEY, PUBLIC_KEY) if k not in data]
+
+
+def public_key(secret: dict[str, Any]) -> str:
+    """The Secret's public key (recorded in the job status: it is needed to rotate the pair)."""
+    raw = (secret.get("data") or {}).get(PUBLIC_KEY) or ""
+    return base64.b64decode(raw).decode(errors="replace").strip()
+
+
+def other_job(secret: dict[str, Any], uid: str) -> str | None:
+    """The TrainingJob, other than `uid`, that controls this Secret, if any."""
+    for ref in secret.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == naming.JOB_KIND and ref.get("controller") and ref.get("uid") != uid:
+            return str(ref.get("name"))
+    return None

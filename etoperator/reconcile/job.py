@@ -17,6 +17,7 @@ import base64
 import concurrent.futures
 import copy
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,7 +27,14 @@ import paramiko
 
 from etoperator import metrics, naming
 from etoperator import status as st
-from etoperator.api.models import InvalidSpec, JobSpec, ScalerSpec, parse_job, parse_scaler
+from etoperator.api.models import (
+    DEFAULT_MAX_WORKERS,
+    InvalidSpec,
+    JobSpec,
+    ScalerSpec,
+    parse_job,
+    parse_scaler,
+)
 from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.clock import iso, utcnow
@@ -87,14 +95,22 @@ class JobReconciler:
     clock: Callable[[], datetime] = utcnow
     ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
     tainted_nodes: Callable[[], set[str]] = set
+    max_workers: int = DEFAULT_MAX_WORKERS
     _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
     _key_texts: dict[str, str] = field(default_factory=dict)  # to recreate a deleted Secret
     _basics_checked: dict[str, datetime] = field(default_factory=dict)
     _act_problems: dict[str, list[str]] = field(default_factory=dict)  # children in the way
+    _public: dict[str, str] = field(default_factory=dict)  # the job's trusted public key
+    _squatted: dict[str, list[str]] = field(default_factory=dict)  # worker names others hold
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
     )
+    script_pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, "etoperator-script")
+    )
+    _scripts: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- observe -------------------------------------------------------------------------
 
@@ -103,7 +119,7 @@ class JobReconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         try:
-            spec, error = parse_job(body), None
+            spec, error = parse_job(body, self.max_workers), None
         except InvalidSpec as exc:
             spec, error = None, str(exc)
         uid = body["metadata"]["uid"]
@@ -259,6 +275,8 @@ class JobReconciler:
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
             problems=(*basics, *self._act_problems.get(key, [])),
             hold=bool(basics),
+            squatted=tuple(self._squatted.get(key, [])),
+            public_key=self._public.get(key),
             refusal_over=key not in self._refused,
         )
         plan = plan_job(inp)
@@ -300,12 +318,21 @@ class JobReconciler:
                 problems.append(
                     f"SSH Secret {spec.ssh_secret} lacks {', '.join(ssh.missing_keys(secret))}"
                 )
+            elif other := ssh.other_job(secret, spec.uid):
+                problems.append(
+                    f"SSH Secret {spec.ssh_secret} belongs to TrainingJob {other}: a job may "
+                    "only name a Secret of its own (its key opens that job's workers)"
+                )
         else:
             existing = self.kube.get("Secret", spec.namespace, naming.secret_name(spec.name))
             if existing is None:
                 problems += self.repair_secret(obs, owner)
             elif not is_controlled_by(existing, spec.uid):
                 problems.append(f"Secret {spec.name} exists and is not owned by this job")
+            else:
+                self._public[_job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(
+                    existing
+                )
         if obs.configmap is None:
             problems += self.repair_config_map(obs, owner)
         elif not is_controlled_by(obs.configmap, spec.uid):
@@ -335,11 +362,21 @@ class JobReconciler:
         assert spec is not None
         name = naming.secret_name(spec.name)
         comment = f"etoperator-{spec.name}"
-        kept = self._key_texts.get(f"{_job_key(spec.namespace, spec.name, spec.uid)}/{name}")
+        key = _job_key(spec.namespace, spec.name, spec.uid)
+        kept = self._key_texts.get(f"{key}/{name}")
         keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
-        problems = self.ensure(obs, ssh.ssh_secret(spec.name, spec.namespace, owner, keys))
+        # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
+        old = (self._public.get(key) or (obs.job.get("status") or {}).get("sshPublicKey") or "",)
+        secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
+        problems = self.ensure(obs, secret)
+        if not problems:
+            self._public[key] = keys.public_openssh
         if (obs.job.get("status") or {}).get("currentWorkers") and not problems:
-            how = "with the job's key pair" if kept else "with a new key pair"
+            how = (
+                "with the job's key pair"
+                if kept
+                else "with a new key pair; pods still holding the old key are trusted too"
+            )
             message = f"Secret {name} was missing; recreated {how}"
             self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
@@ -347,7 +384,8 @@ class JobReconciler:
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems)."""
         prefix = f"{namespace}/{job}/"
-        for cache in (self._keys, self._key_texts, self._basics_checked, self._act_problems):
+        caches = (self._keys, self._key_texts, self._basics_checked, self._act_problems)
+        for cache in (*caches, self._squatted, self._public):
             for k in [k for k in cache if k.startswith(prefix)]:
                 cache.pop(k)
         self._refused = {k for k in self._refused if not k.startswith(prefix)}
@@ -518,10 +556,10 @@ class JobReconciler:
                 log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
         secret = spec.ssh_secret or naming.secret_name(name)
         # Only pod builders need it, and for a user's Secret it costs a GET: ask when building.
-        has_config = (
-            self._secret_has_config(spec, secret)
+        keys = (
+            self._secret_keys(spec, secret)
             if plan.create_workers or plan.create_launcher
-            else True
+            else ssh.OWN_KEYS
         )
         problems: list[str] = []
         existing_services = {s["metadata"]["name"]: s for s in obs.services}
@@ -533,17 +571,22 @@ class JobReconciler:
         for svc_name, svc in existing_services.items():
             if svc_name not in plan.services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
+        squatted = []
         for index in plan.create_workers:
-            problems += self.ensure(obs, pods.worker_pod(spec, owner, index, secret, has_config))
+            found = self.ensure(obs, pods.worker_pod(spec, owner, index, secret, keys))
+            squatted += [naming.worker_name(name, index)] if found else []
+            problems += found
         if plan.create_launcher:
             launcher = pods.launcher_pod(
-                spec, owner, secret, has_config, int(plan.status.get("restartCount", 0))
+                spec, owner, secret, keys, int(plan.status.get("restartCount", 0))
             )
             problems += self.ensure(obs, launcher)
         for wanted in plan.create_scalers:
             problems += self.make_replicas_scaler(obs, spec, owner, wanted)
         # Said on the job by the next pass (one status write per pass).
-        self._act_problems[_job_key(spec.namespace, spec.name, spec.uid)] = problems
+        key = _job_key(spec.namespace, spec.name, spec.uid)
+        self._act_problems[key] = problems
+        self._squatted[key] = squatted
         self.run_scripts(obs, plan)
 
     def make_replicas_scaler(
@@ -569,41 +612,61 @@ class JobReconciler:
         return []
 
     def run_scripts(self, obs: Observed, plan: Plan) -> None:
-        """Scaler scripts, on the launcher; the outcome is a ScriptExecuted condition."""
-        ns, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
+        """Scaler scripts, on the launcher, off the reconcile path: the job keeps being looked
+        after while one runs, and its scaler waits for the ScriptExecuted condition."""
+        meta = obs.job["metadata"]
         for key, argv, timeout in plan.run_scripts:
-            code, output = self.kube.exec_in_pod(ns, naming.launcher_name(name), argv, timeout + 5)
+            run = f"{_job_key(meta['namespace'], meta['name'], meta['uid'])}/{key[0]}/{key[1]}"
+            with self._lock:
+                if run in self._scripts:
+                    continue  # still running from an earlier pass
+                self._scripts[run] = self.script_pool.submit(
+                    self.run_script, meta["namespace"], meta["name"], key, argv, timeout, run
+                )
+
+    def run_script(
+        self, ns: str, job: str, key: tuple[str, str], argv: list[str], timeout: int, run: str
+    ) -> None:
+        """The outcome becomes the scaler's ScriptExecuted condition; writing it wakes the job."""
+        try:
+            code, output = self.kube.exec_in_pod(ns, naming.launcher_name(job), argv, timeout + 5)
             log.info("Scaler script ran namespace=%s scaler=%s exit_code=%s", ns, key[1], code)
             log.debug(
                 "Scaler script output namespace=%s scaler=%s output=%r", ns, key[1], output[-2000:]
             )
             scaler = self.kube.get(key[0], ns, key[1])
-            if scaler is None:
-                continue
-            ok = code == 0
-            msg = f"script exited {code} on {naming.launcher_name(name)}"
-            conds, _ = st.set_condition(
-                (scaler.get("status") or {}).get("conditions") or [],
-                "ScriptExecuted",
-                "True" if ok else "False",
-                "ScriptSucceeded" if ok else "ScriptFailed",
-                msg,
-                self.now(),
-            )
-            self.kube.patch(key[0], ns, key[1], {"status": {"conditions": conds}}, sub="status")
-            self.kube.event(
-                scaler,
-                "Normal" if ok else "Warning",
-                "ScriptSucceeded" if ok else "ScriptFailed",
-                msg,
-                self.clock(),
-            )
+            if scaler is not None:
+                self.report_script(scaler, code, naming.launcher_name(job))
+        except Exception:  # a lost launcher or a refused write: the next pass asks again
+            log.exception("Scaler script failed to run namespace=%s scaler=%s", ns, key[1])
+        finally:
+            with self._lock:
+                self._scripts.pop(run, None)
 
-    def _secret_has_config(self, spec: JobSpec, secret_name: str) -> bool:
+    def report_script(self, scaler: dict[str, Any], code: int | None, launcher: str) -> None:
+        ok = code == 0
+        msg = f"script exited {code} on {launcher}"
+        meta = scaler["metadata"]
+        conds, _ = st.set_condition(
+            (scaler.get("status") or {}).get("conditions") or [],
+            "ScriptExecuted",
+            "True" if ok else "False",
+            "ScriptSucceeded" if ok else "ScriptFailed",
+            msg,
+            self.now(),
+        )
+        self.kube.patch(
+            scaler["kind"], meta["namespace"], meta["name"], {"status": {"conditions": conds}},
+            sub="status",
+        )  # fmt: skip
+        reason = "ScriptSucceeded" if ok else "ScriptFailed"
+        self.kube.event(scaler, "Normal" if ok else "Warning", reason, msg, self.clock())
+
+    def _secret_keys(self, spec: JobSpec, secret_name: str) -> frozenset[str]:
         if not spec.ssh_secret:
-            return True
+            return ssh.OWN_KEYS
         secret = self.kube.get("Secret", spec.namespace, secret_name) or {}
-        return ssh.CONFIG in (secret.get("data") or {})
+        return frozenset(secret.get("data") or {})
 
     # -- scalers without a job -----------------------------------------------------------
 

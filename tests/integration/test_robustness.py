@@ -325,3 +325,38 @@ def test_deleted_ssh_secret_comes_back_with_the_same_key(cluster: Cluster, ns: s
     # A new worker (mounting the recreated Secret) passes the operator's SSH check and joins.
     cluster.create(scaleout("more", "keygone", 1), ns)
     wait_for(lambda: cluster.hosts(ns, "keygone") == ["keygone-worker-0", "keygone-worker-1"], 20)
+
+
+def test_a_secret_rotated_by_an_operator_without_the_key_keeps_old_and_new_working(
+    cluster: Cluster, ns: str
+) -> None:
+    """The operator restarted (it holds no key), then the Secret is deleted: the new key pair
+    is trusted next to the old one, so the launcher's old key still reaches new workers."""
+    from etoperator.sshcheck import SSHProber, load_key
+    from tests.conftest import SSH_PORT
+
+    cluster.create(job("rot", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "rot", 1)
+    old = base64.b64decode(cluster.obj("Secret", ns, "rot")["data"]["id_rsa"]).decode()
+    cluster.operator.restart()
+    cluster.api.delete("Secret", ns, "rot")
+    cluster.wait_event(ns, "rot", "ChildRepaired", "Warning")
+    new = cluster.obj("Secret", ns, "rot")["data"]
+    assert base64.b64decode(new["id_rsa"]).decode() != old
+    trusted = base64.b64decode(new["authorized_keys"]).decode().splitlines()
+    assert len(trusted) == 2, trusted
+    cluster.create(scaleout("after", "rot", 1), ns)
+    wait_for(lambda: cluster.hosts(ns, "rot") == ["rot-worker-0", "rot-worker-1"], 20)
+    ip = cluster.kubelet.ip(ns, "rot-worker-1")
+    assert ip and SSHProber(port=SSH_PORT).ready(ip, load_key(old))  # the launcher's key
+
+
+def test_an_ssh_secret_of_another_job_is_refused(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("owner", replicas=1), ns)
+    running(cluster, ns, "owner", 1)
+    thief = job("thief", replicas=1)
+    thief["metadata"]["annotations"] = {"arena.kubeflow.org/ssh-secret": "owner"}
+    cluster.create(thief, ns)
+    blocked = wait_for(lambda: cluster.condition(ns, "thief", "Blocked") or {}, 10, "Blocked")
+    assert blocked["status"] == "True" and "belongs to TrainingJob owner" in blocked["message"]
+    assert cluster.pods(ns, "thief") == []  # its key never reaches a pod of this job

@@ -444,3 +444,52 @@ def test_kubectl_scale_waits_out_a_scaler_squatting_on_its_name(cluster: Cluster
     cluster.api.delete(SO, ns, squatter)
     wait_for(lambda: len(cluster.hosts(ns, "sq")) == 2, 20, "scaled to 2 once it is gone")
     wait_for(lambda: (cluster.condition(ns, "sq", "Blocked") or {}).get("status") == "False", 10)
+
+
+def test_scale_out_onto_a_pod_name_someone_else_holds(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("fp", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "fp")
+    squatter = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "fp-worker-2", "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    cluster.api.create(squatter)
+    cluster.create(scaleout("grow", "fp", 1, timeout=300), ns)
+    st = settled(cluster, ns, SO, "grow", "ScaleFailed", timeout=15)
+    message = st["conditions"][-1]["message"]
+    assert "fp-worker-2 exists and is not this job's; nothing added" in message, message
+    assert cluster.api.get("Pod", ns, "fp-worker-2") is not None  # not ours to remove
+    assert cluster.hosts(ns, "fp") == ["fp-worker-0", "fp-worker-1"]
+    created = cluster.condition(ns, "fp", "Created") or {}
+    assert created.get("status") == "True"  # conditions of earlier passes are kept
+    # Blocked while the name was in the way, cleared once nothing is.
+    wait_for(lambda: (cluster.condition(ns, "fp", "Blocked") or {}).get("status") == "False", 10)
+
+
+def test_a_running_scaler_script_holds_up_nothing_else(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    hook = tmp_path / "slow.sh"
+    started = tmp_path / "started"
+    hook.write_text(f"touch {started}; while [ ! -e {gate} ]; do sleep 0.1; done\n")
+    cluster.create(job("slow", replicas=3, maxReplicas=4), ns)
+    running(cluster, ns, "slow", 3)
+    cluster.create(job("other", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "other", 1)
+    manifest = scalein("slowhook", "slow", pod_names=["slow-worker-2"], timeout=120)
+    manifest["spec"]["script"] = str(hook)
+    cluster.create(manifest, ns)
+    wait_for(started.exists, 10, "the script started")
+    # While the script runs, the job still handles a lost worker, and other jobs still scale.
+    cluster.kubelet.finish(ns, "slow-worker-0", 1)
+    wait_for(lambda: cluster.hosts(ns, "slow") == ["slow-worker-1"], 10, "lost worker out")
+    cluster.create(scaleout("meanwhile", "other", 1), ns)
+    settled(cluster, ns, SO, "meanwhile", "ScaleSucceeded", timeout=15)
+    assert cluster.phase(ns, "slowhook", SI) == "Scaling"
+    gate.touch()
+    settled(cluster, ns, SI, "slowhook", "ScaleSucceeded")
+    cond = cluster.condition(ns, "slowhook", "ScriptExecuted", SI)
+    assert cond and cond["status"] == "True"

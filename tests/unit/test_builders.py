@@ -41,7 +41,7 @@ def keys(obj: object) -> set[str]:
 def test_worker_pod() -> None:
     s = spec()
     before = copy.deepcopy(s.worker.template)
-    pod = pods.worker_pod(s, OWNER, 3, "j", True)
+    pod = pods.worker_pod(s, OWNER, 3, "j", ssh.OWN_KEYS)
     assert s.worker.template == before  # input untouched
     meta = pod["metadata"]
     assert meta["name"] == "j-worker-3"
@@ -61,7 +61,15 @@ def test_worker_pod() -> None:
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == pods.SSH_VOLUME)
     assert vol["secret"]["defaultMode"] == 0o600
     items = {(i["key"], i["path"]) for i in vol["secret"]["items"]}
-    assert ("id_rsa.pub", "authorized_keys") in items and ("config", "config") in items
+    assert ("authorized_keys", "authorized_keys") in items and ("config", "config") in items
+    # A user's Secret without authorized_keys: its public key is trusted alone.
+    user = pods.worker_pod(s, OWNER, 3, "j", frozenset({"id_rsa", "id_rsa.pub"}))
+    vol = next(v for v in user["spec"]["volumes"] if v["name"] == pods.SSH_VOLUME)
+    assert {(i["key"], i["path"]) for i in vol["secret"]["items"]} == {
+        ("id_rsa", "id_rsa"),
+        ("id_rsa.pub", "id_rsa.pub"),
+        ("id_rsa.pub", "authorized_keys"),
+    }
     assert all(not k.startswith("_") and "_" not in k for k in keys(pod) - {"nvidia.com/gpu"})
 
 
@@ -72,14 +80,14 @@ def test_worker_keeps_its_own_command() -> None:
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
         "/start.sh"
     ]
-    pod = pods.worker_pod(parse_job(b), OWNER, 0, "j", False)
+    pod = pods.worker_pod(parse_job(b), OWNER, 0, "j", frozenset())
     assert pod["spec"]["containers"][0]["command"] == ["/start.sh"]
     assert s is not None
 
 
 def test_launcher_pod_mounts_and_modes() -> None:
     s = spec()
-    pod = pods.launcher_pod(s, OWNER, "j", True, 3)
+    pod = pods.launcher_pod(s, OWNER, "j", ssh.OWN_KEYS, 3)
     assert pod["metadata"]["annotations"][naming.ANN_RUN] == "3"
     assert pod["metadata"]["name"] == "j-launcher"
     assert pod["metadata"]["labels"]["training-job-role"] == "launcher"
@@ -142,3 +150,11 @@ def test_ssh_secret_keys() -> None:
     assert "StrictHostKeyChecking no" in sec["stringData"]["config"]
     assert "PRIVATE" not in repr(keys_)
     assert ssh.missing_keys({"data": {"id_rsa": "x"}}) == ["id_rsa.pub"]
+
+
+def test_a_rotated_secret_trusts_the_old_key_once() -> None:
+    keys = ssh.generate_keypair("j")
+    old = ssh.generate_keypair("j").public_openssh
+    secret = ssh.ssh_secret("j", "ns", OWNER, keys, ("", keys.public_openssh, old))
+    trusted = secret["stringData"]["authorized_keys"].splitlines()
+    assert trusted == [keys.public_openssh.strip(), old.strip()]

@@ -128,7 +128,7 @@ def test_suspend_annotation() -> None:
     [
         (scalein("s", "j"), "exactly one"),
         (scalein("s", "j", count=1, pod_names=["j-worker-0"]), "exactly one"),
-        (scalein("s", "j", pod_names=[]), "at least one"),
+        (scalein("s", "j", pod_names=[]), "from 1 to"),
         (scalein("s", "j", pod_names=["j-worker-0", "j-worker-0"]), "twice"),
         (scalein("s", "j", pod_names=["$(reboot)"]), "invalid pod name"),
         (scaleout("s", "j", 0), "at least 1"),

@@ -368,3 +368,17 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
     so = dataclasses.replace(so, status=done.scaler_status[so.key])
     taken = plan_job(inp(spec, done.status, pods, [so, made], published=joined.hosts))
     assert taken.status["acceptedReplicas"] == 5 and not taken.create_scalers
+
+
+def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
+    so = scaler(scaleout("grow", "j", 2))
+    first = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), launcher()], [so]))
+    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    world = inp(jspec(), first.status, [w(0), w(1), w(3), launcher()], [so])
+    plan = plan_job(dataclasses.replace(world, squatted=("j-worker-2",)))
+    st = plan.scaler_status[so.key]
+    assert st["phase"] == "ScaleFailed"
+    message = st["conditions"][-1]["message"]
+    assert "j-worker-2 exists and is not this job's" in message and "removed j-worker-3" in message
+    assert plan.delete_pods == ["j-worker-3"] and not plan.create_workers
+    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
