@@ -22,6 +22,7 @@ from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
 RUNTIME: dict[str, Runtime] = {}
+RBAC_GROUP = "rbac.authorization.k8s.io"
 WATCH_NODES = Settings.from_env().watch_nodes
 
 
@@ -42,8 +43,10 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
     ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
-    for plural in ("pods", "configmaps", "secrets"):
+    for plural in ("pods", "configmaps", "secrets", "services", "serviceaccounts"):
         settings.watching.label_selectors["", "v1", plural] = ours
+    for plural in ("roles", "rolebindings"):
+        settings.watching.label_selectors[RBAC_GROUP, "v1", plural] = ours
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
@@ -115,6 +118,21 @@ async def secret_event(
     if job and type in ("MODIFIED", "DELETED"):
         rt = runtime()
         rt.reconciler.child_changed(namespace or "", job, "Secret", type == "DELETED")
+        rt.kick((namespace or "", job))
+
+
+@kopf.on.event("", "v1", "services", labels={naming.LABEL_GROUP: naming.GROUP})
+@kopf.on.event("", "v1", "serviceaccounts", labels={naming.LABEL_GROUP: naming.GROUP})
+@kopf.on.event(RBAC_GROUP, "v1", "roles", labels={naming.LABEL_GROUP: naming.GROUP})
+@kopf.on.event(RBAC_GROUP, "v1", "rolebindings", labels={naming.LABEL_GROUP: naming.GROUP})
+async def owned_event(
+    type: str, labels: Mapping[str, str], namespace: str | None, resource: kopf.Resource, **_: Any
+) -> None:
+    """A worker Service or the launcher's account, Role or binding went: put it back now."""
+    job = labels.get(naming.LABEL_JOB)
+    if job and type == "DELETED":
+        rt = runtime()
+        rt.reconciler.child_changed(namespace or "", job, resource.kind or "", deleted=True)
         rt.kick((namespace or "", job))
 
 

@@ -116,6 +116,10 @@ class Plan:
     run_scripts: list[tuple[tuple[str, str], list[str], int]] = field(default_factory=list)
 
 
+def _workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
+
+
 def _by_index(job: str, names: list[str]) -> list[str]:
     return sorted(set(names), key=lambda n: (naming.worker_index(job, n) or 0, n))
 
@@ -155,7 +159,7 @@ def check_scale_in(
     left = len(members) - len(victims)
     if left < job.worker.min_replicas:
         return [], (
-            f"removing {len(victims)} of {len(members)} workers would leave {left}, "
+            f"removing {len(victims)} of {_workers(len(members))} would leave {left}, "
             f"below minReplicas {job.worker.min_replicas}"
         )
     if hosts and not [h for h in hosts if h not in victims]:
@@ -170,7 +174,7 @@ def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str |
         limit, what = job.worker.limit, "this operator's limit of workers per job"
     if len(members) + spec.count > limit:
         return (
-            f"adding {spec.count} to {len(members)} workers would exceed {what} {limit}; "
+            f"adding {spec.count} to {_workers(len(members))} would exceed {what} {limit}; "
             "nothing added"
         )
     return None
@@ -498,7 +502,8 @@ class _Planner:
                     "WorkersReady",
                     "True",
                     "WorkersReady",
-                    f"{len(members)} workers accept the job's SSH key",
+                    f"{_workers(len(members))} {'accepts' if len(members) == 1 else 'accept'} "
+                    "the job's SSH key",
                 )
             self.busy = True
         else:

@@ -360,3 +360,27 @@ def test_an_ssh_secret_of_another_job_is_refused(cluster: Cluster, ns: str) -> N
     blocked = wait_for(lambda: cluster.condition(ns, "thief", "Blocked") or {}, 10, "Blocked")
     assert blocked["status"] == "True" and "belongs to TrainingJob owner" in blocked["message"]
     assert cluster.pods(ns, "thief") == []  # its key never reaches a pod of this job
+
+
+@pytest.mark.parametrize(
+    "kind,name",
+    [
+        ("Service", "own-worker-1"),
+        ("ServiceAccount", "own-launcher"),
+        ("Role", "own-launcher"),
+        ("RoleBinding", "own-launcher"),
+    ],
+)
+def test_a_deleted_child_is_back_within_two_seconds(
+    cluster: Cluster, ns: str, kind: str, name: str
+) -> None:
+    cluster.create(job("own", replicas=2), ns)
+    running(cluster, ns, "own")
+    before = cluster.obj(kind, ns, name)["metadata"]["uid"]
+    cluster.api.delete(kind, ns, name)
+
+    def back() -> bool:
+        obj = cluster.api.get(kind, ns, name)
+        return obj is not None and obj["metadata"]["uid"] != before
+
+    wait_for(back, 2.0, f"{kind} {name} back", interval=0.02)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -153,3 +154,29 @@ def test_scaler_env_and_script() -> None:
     m["spec"]["script"] = "relative.sh"
     with pytest.raises(InvalidSpec, match="absolute"):
         parse_scaler("ScaleOut", m)
+
+
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("resources", None, "containers[0].resources must be an object"),
+        ("env", "x", "containers[0].env must be a list"),
+        ("env", [{"name": 1}], "containers[0].env[0].name must be a string"),
+        ("volumeMounts", "x", "containers[0].volumeMounts must be a list"),
+        ("volumeMounts", [{"name": "v"}], "volumeMounts[0].mountPath must be a string"),
+        ("command", "sh -c x", "containers[0].command must be a list"),
+    ],
+)
+def test_malformed_templates_name_the_field(field: str, value: Any, needle: str) -> None:
+    """What a cluster without the schema (or an object older than it) would let through."""
+    b = job("j")
+    b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0][field] = value
+    with pytest.raises(InvalidSpec, match=re.escape(needle)):
+        parse_job(b)
+
+
+def test_template_labels_must_be_strings() -> None:
+    b = job("j")
+    b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {"labels": "abc"}
+    with pytest.raises(InvalidSpec, match=r"template\.metadata\.labels must be an object"):
+        parse_job(b)

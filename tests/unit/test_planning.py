@@ -382,3 +382,9 @@ def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
     assert "j-worker-2 exists and is not this job's" in message and "removed j-worker-3" in message
     assert plan.delete_pods == ["j-worker-3"] and not plan.create_workers
     assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
+
+
+def test_one_worker_is_spoken_of_in_the_singular() -> None:
+    plan = plan_job(inp(jspec(replicas=1), running_status([0], conditions=[]), [w(0)]))
+    ready = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
+    assert ready["message"] == "1 worker accepts the job's SSH key"
