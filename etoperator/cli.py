@@ -52,6 +52,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--script-workers", type=int, default=None, help="scaler scripts run at once (default 8)"
     )
+    run.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="run as one of several replicas: only the holder of the Lease acts",
+    )
+    run.add_argument(
+        "--resync", type=float, default=None, help="seconds between passes of a quiet job (60)"
+    )
+    run.add_argument("--lease-namespace", help="where the Lease lives (default: the pod's)")
     run.add_argument("--log-format", choices=("text", "json"), default="text")
     run.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -68,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     for flag, var in ((args.max_workers, "MAX_WORKERS"), (args.script_workers, "SCRIPT_WORKERS")):
         if flag is not None:
             os.environ[f"ETOPERATOR_{var}"] = str(flag)
+    if args.resync is not None:
+        os.environ["ETOPERATOR_RESYNC"] = str(args.resync)
+    if args.leader_election:
+        os.environ["ETOPERATOR_LEADER_ELECTION"] = "1"
+    if args.lease_namespace:
+        os.environ["ETOPERATOR_LEASE_NAMESPACE"] = args.lease_namespace
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
         os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig

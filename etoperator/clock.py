@@ -17,6 +17,13 @@ def iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def iso_micro(t: datetime) -> str:
+    """A MicroTime stamp (Lease renewals): RFC 3339 with microseconds."""
+    if t.tzinfo is not None:
+        t = t.astimezone(UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_iso(s: str | None) -> datetime | None:
     if not s:
         return None

@@ -14,7 +14,8 @@ from typing import Any
 
 import kopf
 
-from etoperator import kube, metrics, naming
+from etoperator import cache, kube, metrics, naming
+from etoperator.leader import LeaderElection
 from etoperator.reconcile.job import JobReconciler
 from etoperator.runtime import Runtime
 from etoperator.settings import Settings
@@ -23,7 +24,7 @@ from etoperator.sshcheck import SSHProber
 log = logging.getLogger(__name__)
 RUNTIME: dict[str, Runtime] = {}
 RBAC_GROUP = "rbac.authorization.k8s.io"
-WATCH_NODES = Settings.from_env().watch_nodes
+TASKS: list[asyncio.Task[None]] = []  # the election's, kept from being collected
 
 
 def runtime() -> Runtime:
@@ -31,7 +32,7 @@ def runtime() -> Runtime:
 
 
 @kopf.on.startup()
-def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     cfg = Settings.from_env()
     settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
@@ -40,7 +41,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=naming.ANN_PREFIX, key="last-handled-configuration"
     )
-    settings.posting.level = logging.WARNING
+    settings.posting.enabled = False  # our own events only: a standby posts nothing
     # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
     ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
     for plural in ("pods", "configmaps", "secrets", "services", "serviceaccounts"):
@@ -51,6 +52,7 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
     api = kube.load_config(cfg.kubeconfig, connections=2 * cfg.workers)
+    api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
     reconciler = JobReconciler(
         kube=kube.Kube(api),
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
@@ -58,7 +60,14 @@ def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         max_workers=cfg.max_workers,
         script_pool=concurrent.futures.ThreadPoolExecutor(cfg.script_workers, "etoperator-script"),
     )
-    RUNTIME["rt"] = Runtime(reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints))
+    rt = Runtime(
+        reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints), resync=cfg.resync
+    )
+    RUNTIME["rt"] = rt
+    if cfg.leader_election:
+        election = LeaderElection(reconciler.kube, cfg.lease_namespace, cfg.identity)
+        rt.leading = election.leading
+        TASKS.extend([asyncio.create_task(election.run()), asyncio.create_task(rt.lead())])
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started %s", cfg.describe())
@@ -77,10 +86,71 @@ def probe_jobs(**_: Any) -> int:
     return len(runtime().tasks)
 
 
+# -- the watch caches (cache.py): kopf fills them before any handler runs ---------------------
+
+OURS = {naming.LABEL_GROUP: naming.GROUP}
+
+
+@kopf.index(naming.GROUP, naming.VERSION, naming.JOB_PLURAL)
+def jobs_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace or "", name): cache.slim(naming.JOB_KIND, body)}
+
+
+def _scaler_key(namespace: str | None, body: kopf.Body) -> tuple[str, str]:
+    return (
+        namespace or "",
+        str(((body.get("spec") or {}).get("selector") or {}).get("name") or ""),
+    )
+
+
+@kopf.index(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)
+def scaleouts_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_scaler_key(namespace, body): cache.slim(naming.SCALEOUT_KIND, body)}
+
+
+@kopf.index(naming.GROUP, naming.VERSION, naming.SCALEIN_PLURAL)
+def scaleins_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {_scaler_key(namespace, body): cache.slim(naming.SCALEIN_KIND, body)}
+
+
+# (group, plural, kind) of every child kind a pass reads.
+CHILDREN = (
+    ("", "pods", "Pod"), ("", "services", "Service"), ("", "configmaps", "ConfigMap"),
+    ("", "secrets", "Secret"), ("", "serviceaccounts", "ServiceAccount"),
+    (RBAC_GROUP, "roles", "Role"), (RBAC_GROUP, "rolebindings", "RoleBinding"),
+)  # fmt: skip
+
+
+def _child_index(kind: str) -> Any:
+    def index(labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+        job = cache.job_of(labels)
+        ns = str(body.get("metadata", {}).get("namespace") or "")
+        return {(ns, job): cache.slim(kind, body)} if job else None
+
+    return index
+
+
+for _group, _plural, _kind in CHILDREN:
+    kopf.index(_group, "v1", _plural, labels=OURS, id=f"{_plural}_index")(_child_index(_kind))
+
+
+def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
+    """The pass reads the caches through the runtime (kopf hands indexes to handlers only)."""
+    if rt.observe is None:
+        rt.observe = cache.Indexes(
+            jobs=indexes["jobs_index"],
+            children=[indexes[f"{plural}_index"] for _, plural, _ in CHILDREN],
+            scalers=[indexes["scaleouts_index"], indexes["scaleins_index"]],
+        ).observe
+
+
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.JOB_PLURAL)
-async def job_event(type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any) -> None:
+async def job_event(
+    type: str, name: str, namespace: str | None, body: kopf.Body, **kwargs: Any
+) -> None:
     key = (namespace or "", name)
     rt = runtime()
+    _attach(rt, kwargs)
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         rt.forget(key)
         return
@@ -100,6 +170,8 @@ async def child_event(labels: Mapping[str, str], namespace: str | None, **_: Any
 async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -> None:
     job = ((body.get("spec") or {}).get("selector") or {}).get("name")
     rt = runtime()
+    if not rt.is_leader():
+        return
     if isinstance(job, str) and rt.has((namespace, job)):
         rt.kick((namespace, job))
         return
@@ -154,7 +226,6 @@ async def scaler_event(
     await _scaler_event(kind, name, namespace, body)
 
 
-@kopf.on.event("", "v1", "nodes", when=lambda **_: WATCH_NODES)
 async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
     """Spot/preemption notices: a node tainted for termination takes its workers with it."""
     rt = runtime()
@@ -167,3 +238,8 @@ async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
         else:
             rt.tainted.discard(name)
         rt.kick_all()
+
+
+# Registered only when switched on: off, there is no node watch at all (nor a need for its RBAC).
+if Settings.from_env().watch_nodes:
+    kopf.on.event("", "v1", "nodes")(node_event)

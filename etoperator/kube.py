@@ -31,6 +31,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Event": ("api/v1", "events"),
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "Lease": ("apis/coordination.k8s.io/v1", "leases"),
     naming.JOB_KIND: (f"apis/{naming.API_VERSION}", naming.JOB_PLURAL),
     naming.SCALEOUT_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEOUT_PLURAL),
     naming.SCALEIN_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEIN_PLURAL),

@@ -12,9 +12,11 @@ import concurrent.futures
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from etoperator import metrics
+from etoperator.cache import Observed
 from etoperator.kube import ApiError
 from etoperator.reconcile.job import JobReconciler
 
@@ -34,6 +36,10 @@ class Runtime:
     phases: dict[Key, str] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)  # nodes about to be taken away
     taint_keys: set[str] = field(default_factory=set)  # taints that announce that
+    observe: Callable[[str, str], Observed | None] | None = None  # from the watch caches
+    leading: asyncio.Event | None = None  # set while this replica holds the Lease (None: alone)
+    known: set[Key] = field(default_factory=set)  # every job seen, leading or not
+    resync: float = RESYNC  # a pass at least this often (reading caches: it costs no request)
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
@@ -53,13 +59,27 @@ class Runtime:
         if event is not None:
             event.set()
 
+    def is_leader(self) -> bool:
+        return self.leading is None or self.leading.is_set()
+
+    async def lead(self) -> None:
+        """A standby starts the loops of every known job once it holds the Lease."""
+        assert self.leading is not None
+        await self.leading.wait()
+        for key in list(self.known):
+            self.ensure(key)
+
     def ensure(self, key: Key) -> None:
+        self.known.add(key)
+        if not self.is_leader():
+            return  # a standby watches (its caches stay warm) and writes nothing
         if key not in self.tasks or self.tasks[key].done():
             self.kicks[key] = asyncio.Event()
             self.tasks[key] = asyncio.create_task(self._loop(key), name=f"job {key[0]}/{key[1]}")
         self.kick(key)
 
     def forget(self, key: Key) -> None:
+        self.known.discard(key)
         task = self.tasks.pop(key, None)
         self.kicks.pop(key, None)
         self.phases.pop(key, None)
@@ -79,8 +99,12 @@ class Runtime:
         while True:
             kick.clear()
             try:
-                delay = await loop.run_in_executor(
-                    self.pool, self.reconciler.reconcile, key[0], key[1]
+                # Read in the event loop, where the caches change; the pass owns its copy.
+                obs = self.observe(*key) if self.observe is not None else None
+                delay = (
+                    await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
+                    if obs is not None
+                    else 0.0
                 )
                 failures = 0
             except (ApiError, OSError) as exc:
@@ -102,7 +126,7 @@ class Runtime:
                 self.reconciler.forget(*key)
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(kick.wait(), timeout=min(delay, RESYNC))
+                await asyncio.wait_for(kick.wait(), timeout=min(delay, self.resync))
 
     def set_phase(self, key: Key, phase: str) -> None:
         if self.phases.get(key) != phase:

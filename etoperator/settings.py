@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 from etoperator.api.models import DEFAULT_MAX_WORKERS, MAX_WORKERS
@@ -35,6 +36,10 @@ class Settings:
     preemption_taints: tuple[str, ...]
     max_workers: int
     script_workers: int
+    leader_election: bool
+    resync: float
+    lease_namespace: str
+    identity: str
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -56,6 +61,12 @@ class Settings:
                 MAX_WORKERS, int(env.get("ETOPERATOR_MAX_WORKERS", DEFAULT_MAX_WORKERS))
             ),
             script_workers=max(1, int(env.get("ETOPERATOR_SCRIPT_WORKERS", "8"))),
+            leader_election=_bool("ETOPERATOR_LEADER_ELECTION", False),
+            resync=float(env.get("ETOPERATOR_RESYNC", "60")),
+            lease_namespace=env.get("ETOPERATOR_LEASE_NAMESPACE")
+            or env.get("POD_NAMESPACE")
+            or "etoperator-system",
+            identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         )
 
     def describe(self) -> str:
@@ -63,5 +74,6 @@ class Settings:
             f"ssh_checks={self.ssh_checks} ssh_port={self.ssh_port} "
             f"metrics_port={self.metrics_port or 'off'} watch_nodes={self.watch_nodes} "
             f"preemption_taints={','.join(self.preemption_taints) or 'none'} "
-            f"max_workers={self.max_workers} script_workers={self.script_workers}"
+            f"max_workers={self.max_workers} script_workers={self.script_workers} "
+            f"leader_election={self.leader_election} identity={self.identity}"
         )

@@ -68,6 +68,7 @@ class FaultProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _crash: Crash | None = None
+    held: set[str] = field(default_factory=set)  # plurals whose watch events are held back
 
     @property
     def url(self) -> str:
@@ -174,8 +175,11 @@ class FaultProxy:
             watching = request.query.get("watch") in ("1", "true")
             if watching:
                 self._watches.add(resp)
+            plural = request.path.rstrip("/").rsplit("/", 1)[-1]
             try:
                 async for chunk in up.content.iter_any():
+                    while watching and plural in self.held:  # a cache falling behind
+                        await asyncio.sleep(0.05)
                     await resp.write(chunk)
                 await resp.write_eof()
             except (aiohttp.ClientPayloadError, ConnectionResetError):

@@ -38,7 +38,10 @@ try:
         token = f.read().strip()
     ca = os.path.join(sa, "ca.crt")
     ctx = ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
-    url = "https://%s:%s/api/v1/namespaces/%s/configmaps/%s" % (host, port, ns, cm)
+    # resourceVersion=0: served from the apiserver's watch cache, never a read of etcd.
+    url = "https://%s:%s/api/v1/namespaces/%s/configmaps/%s?resourceVersion=0" % (
+        host, port, ns, cm
+    )
     req = urllib.request.Request(
         url, headers={"Authorization": "Bearer " + token, "Accept": "application/json"}
     )

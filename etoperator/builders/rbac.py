@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from etoperator import naming
+from etoperator.api.models import JobSpec
 from etoperator.builders.common import Owner, metadata
+from etoperator.builders.pods import launcher_service_account
 
 
 def launcher_account(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
@@ -50,3 +52,16 @@ def launcher_binding(job: str, namespace: str, owner: Owner, account: str) -> di
         },
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     }
+
+
+def launcher_rbac(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
+    """What lets the launcher read its host list: the account (unless the template names its
+    own), the Role and the binding."""
+    account = launcher_service_account(spec, spec.launcher.template)
+    wanted = [
+        launcher_role(spec.name, spec.namespace, owner),
+        launcher_binding(spec.name, spec.namespace, owner, account),
+    ]
+    if account == naming.launcher_sa_name(spec.name):
+        wanted.insert(0, launcher_account(spec.name, spec.namespace, owner))
+    return wanted

@@ -37,6 +37,7 @@ from etoperator.api.models import (
 )
 from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.cache import Observed
 from etoperator.clock import iso, utcnow
 from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, PodView, ScalerView, plan_job, plan_orphan_scaler
@@ -46,11 +47,18 @@ log = logging.getLogger(__name__)
 
 SCALER_KINDS = (naming.SCALEOUT_KIND, naming.SCALEIN_KIND)
 REFUSED_RETRY = 10.0  # seconds between tries of a write the apiserver refused
+USER_SECRET_RECHECK = 900.0  # seconds
+STALE_RETRY = 0.05  # the cache is behind our own write: its watch event is on its way
 
 
 def _job_key(namespace: str, name: str, uid: str) -> str:
     """What the reconciler's memory of a job is filed under (a new job of the name is another)."""
     return f"{namespace}/{name}/{uid}"
+
+
+def _ref(body: dict[str, Any]) -> tuple[str, str, str]:
+    meta = body["metadata"]
+    return (str(body.get("kind")), meta.get("namespace", ""), meta["name"])
 
 
 def refused(exc: ApiError) -> bool:
@@ -78,17 +86,6 @@ def _leaving(pod: dict[str, Any], tainted_nodes: set[str]) -> str:
 
 
 @dataclass
-class Observed:
-    job: dict[str, Any]
-    spec: JobSpec | None
-    error: str | None
-    pods: list[dict[str, Any]]
-    services: list[dict[str, Any]]
-    configmap: dict[str, Any] | None
-    scalers: list[dict[str, Any]]
-
-
-@dataclass
 class JobReconciler:
     kube: Kube
     prober: SSHProber = field(default_factory=SSHProber)
@@ -110,37 +107,42 @@ class JobReconciler:
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, "etoperator-script")
     )
     _scripts: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
+    _superseded: dict[tuple[str, str, str], set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- observe -------------------------------------------------------------------------
 
-    def observe(self, namespace: str, name: str) -> Observed | None:
-        body = self.kube.get(naming.JOB_KIND, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
+    def parse(self, obs: Observed) -> Observed:
         try:
-            spec, error = parse_job(body, self.max_workers), None
+            obs.spec, obs.error = parse_job(obs.job, self.max_workers), None
         except InvalidSpec as exc:
-            spec, error = None, str(exc)
-        uid = body["metadata"]["uid"]
-        selector = naming.selector(naming.job_labels(name))
-        owned = [p for p in self.kube.list("Pod", namespace, selector) if is_controlled_by(p, uid)]
-        services = [
-            s for s in self.kube.list("Service", namespace, selector) if is_controlled_by(s, uid)
-        ]
-        cm = self.kube.get("ConfigMap", namespace, naming.config_map_name(name))
-        found = [
-            s
-            for kind in SCALER_KINDS
-            for s in self.kube.list(kind, namespace)
-            if ((s.get("spec") or {}).get("selector") or {}).get("name") == name
-        ]
-        return Observed(body, spec, error, owned, services, cm, found)
+            obs.spec, obs.error = None, str(exc)
+        return obs
 
-    def _key(self, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
+    def stale(self, obs: Observed) -> bool:
+        """The cache still shows an object as it was before one of our writes: wait for the
+        watch to bring the write (acting on it would only meet a 409)."""
+        stale = False
+        for body in (obs.job, *obs.scalers):
+            old = self._superseded.get(_ref(body))
+            if old is None:
+                continue
+            if body["metadata"].get("resourceVersion") in old:
+                stale = True
+            else:
+                self._superseded.pop(_ref(body))  # the cache has caught up
+        return stale
+
+    def wrote(self, before: dict[str, Any]) -> None:
+        """`before` was replaced by a write of ours: until the cache moves past it (and any
+        version between our writes), it is stale."""
+        old = self._superseded.setdefault(_ref(before), set())
+        old.add(before["metadata"]["resourceVersion"])
+
+    def _key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
         cache_key = f"{_job_key(job.namespace, job.name, job.uid)}/{secret_name}"
         if cache_key not in self._keys:
-            secret = self.kube.get("Secret", job.namespace, secret_name)
+            secret = self._user_secret(job) if job.ssh_secret else obs.secret
             raw = ((secret or {}).get("data") or {}).get(ssh.PRIVATE_KEY)
             if not raw:
                 return None
@@ -169,7 +171,7 @@ class JobReconciler:
         tainted = self.tainted_nodes()
         key = None
         if obs.spec is not None and self.ssh_checks:
-            key = self._key(obs.spec, obs.spec.ssh_secret or naming.secret_name(name))
+            key = self._key(obs, obs.spec, obs.spec.ssh_secret or naming.secret_name(name))
         leaving = {
             p["metadata"]["name"]: _leaving(p, tainted)
             for p in obs.pods
@@ -241,13 +243,12 @@ class JobReconciler:
 
     # -- the pass ------------------------------------------------------------------------
 
-    def reconcile(self, namespace: str, name: str) -> float:
-        """One pass; returns the seconds until the next one is wanted."""
+    def reconcile(self, obs: Observed) -> float:
+        """One pass over what was observed; the seconds until the next one is wanted."""
         metrics.RECONCILES.inc()
         with metrics.RECONCILE_SECONDS.time():
-            obs = self.observe(namespace, name)
-            if obs is None:
-                return 0.0
+            if self.stale(self.parse(obs)):
+                return STALE_RETRY
             try:
                 return self.reconcile_observed(obs)
             except ApiError as exc:
@@ -297,63 +298,52 @@ class JobReconciler:
         return plan.requeue
 
     def ensure_basics(self, obs: Observed) -> list[str]:
-        """Secret, ConfigMap and the launcher's RBAC; what stands in their way, if anything."""
+        """Secret, ConfigMap and the launcher's RBAC (as the watches show them, so this costs
+        no request unless something is missing); what stands in their way, if anything."""
         spec = obs.spec
         assert spec is not None
+        if (obs.job.get("status") or {}).get("phase") in st.TERMINAL:
+            return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
-        phase = (obs.job.get("status") or {}).get("phase")
-        if phase in st.TERMINAL:
-            return []
-        # Once all exist, look again only now and then: a steady job costs no extra requests.
-        checked = self._basics_checked.get(_job_key(spec.namespace, spec.name, spec.uid))
-        now = self.clock()
-        if checked and obs.configmap is not None and (now - checked).total_seconds() < 300:
-            return []
-        problems = []
-        if spec.ssh_secret:
-            secret = self.kube.get("Secret", spec.namespace, spec.ssh_secret)
-            if secret is None:
-                problems.append(f"SSH Secret {spec.ssh_secret} named by the annotation is missing")
-            elif ssh.missing_keys(secret):
-                problems.append(
-                    f"SSH Secret {spec.ssh_secret} lacks {', '.join(ssh.missing_keys(secret))}"
-                )
-            elif other := ssh.other_job(secret, spec.uid):
-                problems.append(
-                    f"SSH Secret {spec.ssh_secret} belongs to TrainingJob {other}: a job may "
-                    "only name a Secret of its own (its key opens that job's workers)"
-                )
-        else:
-            existing = self.kube.get("Secret", spec.namespace, naming.secret_name(spec.name))
-            if existing is None:
-                problems += self.repair_secret(obs, owner)
-            elif not is_controlled_by(existing, spec.uid):
-                problems.append(f"Secret {spec.name} exists and is not owned by this job")
-            else:
-                self._public[_job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(
-                    existing
-                )
+        problems = self.check_user_secret(spec) if spec.ssh_secret else []
+        if not spec.ssh_secret and obs.secret is None:
+            problems += self.repair_secret(obs, owner)
+        elif obs.secret is not None:
+            self._public[_job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(obs.secret)
         if obs.configmap is None:
             problems += self.repair_config_map(obs, owner)
-        elif not is_controlled_by(obs.configmap, spec.uid):
-            problems.append(
-                f"ConfigMap {naming.config_map_name(spec.name)} exists and is not owned by this job"
-            )
-        account = pods.launcher_service_account(spec, spec.launcher.template)
-        wanted = [
-            rbac.launcher_role(spec.name, spec.namespace, owner),
-            rbac.launcher_binding(spec.name, spec.namespace, owner, account),
-        ]
-        if account == naming.launcher_sa_name(spec.name):
-            wanted.insert(0, rbac.launcher_account(spec.name, spec.namespace, owner))
-        for obj in wanted:
-            if self.kube.get(obj["kind"], spec.namespace, obj["metadata"]["name"]) is None:
+        for obj in rbac.launcher_rbac(spec, owner):
+            if (obj["kind"], obj["metadata"]["name"]) not in obs.present:
                 problems += self.ensure(obs, obj)
-        if problems:
-            self._basics_checked.pop(_job_key(spec.namespace, spec.name, spec.uid), None)
-        else:
-            self._basics_checked[_job_key(spec.namespace, spec.name, spec.uid)] = now
         return problems
+
+    def check_user_secret(self, spec: JobSpec) -> list[str]:
+        """The Secret the annotation names: not the job's own, so not watched; read again at
+        most every few minutes (and whenever it was found wanting)."""
+        key = _job_key(spec.namespace, spec.name, spec.uid)
+        checked = self._basics_checked.get(key)
+        if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
+            return []
+        secret, name = self._user_secret(spec), spec.ssh_secret
+        problems = []
+        if secret is None:
+            problems.append(f"SSH Secret {name} named by the annotation is missing")
+        elif ssh.missing_keys(secret):
+            problems.append(f"SSH Secret {name} lacks {', '.join(ssh.missing_keys(secret))}")
+        elif other := ssh.other_job(secret, spec.uid):
+            problems.append(
+                f"SSH Secret {name} belongs to TrainingJob {other}: a job may only name a "
+                "Secret of its own (its key opens that job's workers)"
+            )
+        if problems:
+            self._basics_checked.pop(key, None)
+        else:
+            self._basics_checked[key] = self.clock()
+        return problems
+
+    def _user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
+        assert spec.ssh_secret is not None
+        return self.kube.get("Secret", spec.namespace, spec.ssh_secret)
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
@@ -368,10 +358,10 @@ class JobReconciler:
         # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
         old = (self._public.get(key) or (obs.job.get("status") or {}).get("sshPublicKey") or "",)
         secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
-        problems = self.ensure(obs, secret)
-        if not problems:
+        made, problems = self.create(obs, secret)
+        if made:
             self._public[key] = keys.public_openssh
-        if (obs.job.get("status") or {}).get("currentWorkers") and not problems:
+        if made and (obs.job.get("status") or {}).get("currentWorkers"):
             how = (
                 "with the job's key pair"
                 if kept
@@ -408,8 +398,8 @@ class JobReconciler:
         assert spec is not None
         hosts = list((obs.job.get("status") or {}).get("currentWorkers") or [])
         cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
-        problems = self.ensure(obs, cm)
-        if hosts and not problems:
+        made, problems = self.create(obs, cm)
+        if made and hosts:
             message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
                 ", ".join(hosts)
             )
@@ -419,16 +409,20 @@ class JobReconciler:
     def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
         """Create `obj`; a same-named object this job does not control is a problem, not ours.
         A refusal by the apiserver propagates: the pass reports it as Blocked/APIRefused."""
+        return self.create(obs, obj)[1]
+
+    def create(self, obs: Observed, obj: dict[str, Any]) -> tuple[bool, list[str]]:
+        """(made now, problems): not made when it existed already (ours, or in the way)."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             self.kube.create(obj)
             log.info("Created %s namespace=%s name=%s", kind, obj["metadata"]["namespace"], name)
-            return []
+            return True, []
         except AlreadyExists:
             existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
             if existing is None or is_controlled_by(existing, obs.job["metadata"]["uid"]):
-                return []
-            return [f"{kind} {name} exists and is not owned by this job; not touching it"]
+                return False, []
+            return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
     def report_refused(self, obs: Observed, exc: ApiError) -> None:
         """A write the apiserver refused (RBAC, admission, quota, validation): said on the job
@@ -460,69 +454,52 @@ class JobReconciler:
 
     # -- act -----------------------------------------------------------------------------
 
+    def write(
+        self, body: dict[str, Any], change: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
+        """A patch preconditioned on the version `body` was read at (a 409 if anyone wrote in
+        between); until the cache shows the write, its copy of `body` counts as stale."""
+        meta = body["metadata"]
+        precondition = {**change.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}
+        new = self.kube.patch(
+            body["kind"], meta["namespace"], meta["name"], {**change, "metadata": precondition},
+            sub=sub,
+        )  # fmt: skip
+        if new["metadata"]["resourceVersion"] != meta["resourceVersion"]:  # not a no-op
+            self.wrote(body)
+        else:
+            log.debug("No-op write kind=%s name=%s", body["kind"], meta["name"])
+        return new
+
     def act(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
         job = obs.job
-        ns, name = inp.namespace, inp.name
-        rv = job["metadata"]["resourceVersion"]
         by_key = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         # 0. scalers get a controller reference to their job (so they go with it).
-        owner = Owner(naming.JOB_KIND, name, job["metadata"]["uid"])
+        owner = Owner(naming.JOB_KIND, inp.name, job["metadata"]["uid"])
         for key in plan.adopt_scalers:
-            s = by_key[key]
-            refs = [
-                r for r in s["metadata"].get("ownerReferences") or [] if not r.get("controller")
-            ]
-            by_key[key] = self.kube.patch(
-                key[0],
-                ns,
-                key[1],
-                {
-                    "metadata": {
-                        "ownerReferences": [*refs, owner.reference()],
-                        "resourceVersion": s["metadata"]["resourceVersion"],
-                    }
-                },
+            refs = by_key[key]["metadata"].get("ownerReferences") or []
+            others = [r for r in refs if not r.get("controller")]
+            by_key[key] = self.write(
+                by_key[key], {"metadata": {"ownerReferences": [*others, owner.reference()]}}
             )
         # 1. scaler statuses (frozen plans first).
         for key, new in plan.scaler_status.items():
-            s = by_key[key]
-            self.kube.patch(
-                key[0],
-                ns,
-                key[1],
-                {
-                    "metadata": {"resourceVersion": s["metadata"]["resourceVersion"]},
-                    "status": _merge_patch(s.get("status") or {}, new),
-                },
-                sub="status",
-            )
+            old = by_key[key].get("status") or {}
+            self.write(by_key[key], {"status": _merge_patch(old, new)}, sub="status")
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
         # 2. job status, then 3. the spec replicas it has accepted (replicasBefore marks them
         # as ours until they land, so a crash between the two is never read as `kubectl scale`).
         old_status = job.get("status") or {}
+        latest = job
         if plan.status != old_status:
-            rv = self.kube.patch(
-                naming.JOB_KIND,
-                ns,
-                name,
-                {
-                    "metadata": {"resourceVersion": rv},
-                    "status": _merge_patch(old_status, plan.status),
-                },
-                sub="status",
-            )["metadata"]["resourceVersion"]
+            status = _merge_patch(old_status, plan.status)
+            latest = self.write(job, {"status": status}, sub="status")
         if plan.spec_replicas is not None:
-            self.kube.patch(
-                naming.JOB_KIND,
-                ns,
-                name,
-                {
-                    "metadata": {"resourceVersion": rv},
-                    "spec": {"etReplicaSpecs": {"worker": {"replicas": plan.spec_replicas}}},
-                },
-            )
+            replicas = {"worker": {"replicas": plan.spec_replicas}}
+            self.write({**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
+        ns, name = inp.namespace, inp.name
         for ev in plan.events:
             log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
             self.kube.event(job, ev.type, ev.reason, ev.message, self.clock())
@@ -665,8 +642,7 @@ class JobReconciler:
     def _secret_keys(self, spec: JobSpec, secret_name: str) -> frozenset[str]:
         if not spec.ssh_secret:
             return ssh.OWN_KEYS
-        secret = self.kube.get("Secret", spec.namespace, secret_name) or {}
-        return frozenset(secret.get("data") or {})
+        return frozenset((self._user_secret(spec) or {}).get("data") or {})
 
     # -- scalers without a job -----------------------------------------------------------
 

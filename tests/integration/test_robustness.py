@@ -237,6 +237,18 @@ def test_discovery_script_sees_changes_within_two_seconds(
         interval=0.05,
     )
     print(f"host-list change reached discover_hosts.sh in {time.monotonic() - t0:.2f}s")
+    # Its reads are served from the apiserver's watch cache (resourceVersion=0), not etcd.
+    reads = wait_for(
+        lambda: [
+            ev["requestURI"]
+            for ev in cluster.cp.audit()
+            if (ev.get("user") or {}).get("username") == f"system:serviceaccount:{ns}:disc-launcher"
+            and ev.get("verb") == "get"
+        ],
+        5,
+        "the launcher's reads in the audit log",
+    )
+    assert all(uri.endswith("?resourceVersion=0") for uri in reads), reads
     # API server unreachable: the last list it read, never an empty or stale-mounted one.
     env["KUBERNETES_SERVICE_PORT"] = "1"
     assert discover() == ["disc-worker-0", "disc-worker-2"]

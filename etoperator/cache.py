@@ -1,0 +1,108 @@
+"""What the operator knows of the cluster, kept in memory from its watches.
+
+Every kind a pass reads is a kopf index (handlers.py): kopf fills the indexes from the initial
+LIST of each watch before any handler runs, then keeps them current from watch events. A pass
+reads only from them (steady state costs the apiserver nothing); its writes keep their
+resourceVersion preconditions, so a cache behind the server meets a 409, as a stale read
+always did, and the pass is repeated.
+
+Indexes are read in the event loop only (kopf changes them there): `observe` copies what one
+pass needs into plain values that the pass, running in a worker thread, owns.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from etoperator import naming
+from etoperator.builders.common import is_controlled_by
+
+Body = dict[str, Any]
+Key = tuple[str, str]  # namespace, job name
+IndexView = Mapping[Key, Iterable[Body]]
+
+_META = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations")
+_META_MORE = ("ownerReferences", "deletionTimestamp", "creationTimestamp", "generation")
+
+
+def _meta(body: Mapping[str, Any]) -> Body:
+    meta = body.get("metadata") or {}
+    return {k: copy.deepcopy(meta[k]) for k in (*_META, *_META_MORE) if k in meta}
+
+
+def slim(kind: str, body: Mapping[str, Any]) -> Body:
+    """The parts of an object a pass reads: less memory for thousands of pods."""
+    out: Body = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": _meta(body)}
+    if kind == "Pod":
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        out["spec"] = {"nodeName": spec.get("nodeName")}
+        wanted = ("phase", "podIP", "reason", "conditions", "containerStatuses")
+        out["status"] = {k: copy.deepcopy(status[k]) for k in wanted if k in status}
+    elif kind in ("ConfigMap", "Secret"):
+        out["data"] = dict(body.get("data") or {})
+    elif kind not in ("Service", "ServiceAccount", "Role", "RoleBinding"):
+        out["spec"] = copy.deepcopy(dict(body.get("spec") or {}))
+        out["status"] = copy.deepcopy(dict(body.get("status") or {}))
+    return out
+
+
+def job_of(labels: Mapping[str, str]) -> str | None:
+    return labels.get(naming.LABEL_JOB)
+
+
+@dataclass
+class Observed:
+    """One job and everything of it, as last seen."""
+
+    job: Body
+    spec: Any  # JobSpec | None (parsed by the reconciler)
+    error: str | None
+    pods: list[Body]
+    services: list[Body]
+    configmap: Body | None
+    scalers: list[Body]
+    secret: Body | None = None  # the job's own SSH Secret
+    present: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) of other children
+
+
+@dataclass
+class Indexes:
+    """The kopf indexes by name (see handlers.py): jobs by (ns, name), children by (ns, job
+    label), scalers by (ns, selector.name)."""
+
+    jobs: IndexView
+    children: list[IndexView]  # one index per kind
+    scalers: list[IndexView]
+
+    def observe(self, namespace: str, name: str) -> Observed | None:
+        key = (namespace, name)
+        job = next(iter(self.jobs.get(key, ())), None)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return None
+        job = copy.deepcopy(job)  # the pass may note its own writes on it
+        uid = job["metadata"]["uid"]
+        children = [
+            c for index in self.children for c in index.get(key, ()) if is_controlled_by(c, uid)
+        ]
+        by_kind: dict[str, list[Body]] = {}
+        for c in children:
+            by_kind.setdefault(c["kind"], []).append(c)
+        cm_name, secret_name = naming.config_map_name(name), naming.secret_name(name)
+        return Observed(
+            job=job,
+            spec=None,
+            error=None,
+            pods=by_kind.get("Pod", []),
+            services=by_kind.get("Service", []),
+            configmap=_named(by_kind.get("ConfigMap", []), cm_name),
+            scalers=[s for index in self.scalers for s in index.get(key, ())],
+            secret=_named(by_kind.get("Secret", []), secret_name),
+            present={(c["kind"], c["metadata"]["name"]) for c in children},
+        )
+
+
+def _named(bodies: list[Body], name: str) -> Body | None:
+    return next((b for b in bodies if b["metadata"]["name"] == name), None)

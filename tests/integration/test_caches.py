@@ -1,0 +1,72 @@
+"""Passes read the watch caches: a quiet job costs the apiserver nothing, and a cache that is
+behind the server is waited out, never acted on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from etoperator.localcluster.cluster import OPERATOR_USER
+from tests.harness import Cluster, wait_for
+from tests.integration.jobs import job, scaleout
+from tests.integration.test_lifecycle import running
+from tests.integration.test_operations import scrape
+
+pytestmark = pytest.mark.integration
+
+
+def operator_requests(cluster: Cluster, ns: str, since: set[str]) -> list[dict[str, Any]]:
+    """Requests the operator made about namespace `ns` (watch streams aside) not in `since`."""
+    return [
+        ev
+        for ev in cluster.cp.audit()
+        if ev["auditID"] not in since
+        and (ev.get("user") or {}).get("username") == OPERATOR_USER
+        and (ev.get("objectRef") or {}).get("namespace") == ns
+        and ev.get("verb") != "watch"
+    ]
+
+
+def seen(cluster: Cluster) -> set[str]:
+    return {ev["auditID"] for ev in cluster.cp.audit()}
+
+
+def passes(cluster: Cluster) -> float:
+    return scrape(cluster)["etoperator_reconciles_total"]
+
+
+def test_a_quiet_job_costs_no_request(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("quiet", replicas=2), ns)
+    running(cluster, ns, "quiet")
+    wait_for(lambda: not operator_requests(cluster, ns, seen(cluster)), 10, "quiet")
+    before, start = seen(cluster), passes(cluster)
+    # The window: four resync passes of the job (every 3 s here); the audit log is written
+    # within a second, so a fifth pass ends it.
+    wait_for(lambda: passes(cluster) >= start + 5, 30, "five passes", interval=0.5)
+    made = operator_requests(cluster, ns, before)
+    assert made == [], [(e["verb"], e["requestURI"]) for e in made]
+    assert cluster.phase(ns, "quiet") == "Running"
+
+
+def test_a_cache_behind_the_server_is_waited_out(cluster: Cluster, ns: str) -> None:
+    cluster.create(job("behind", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "behind")
+    # The operator stops hearing of job changes (its own status writes included).
+    cluster.proxy.held.add("trainingjobs")
+    try:
+        cluster.create(scaleout("grow", "behind", 1), ns)
+        wait_for(lambda: "behind-worker-2" in cluster.pods(ns, "behind"), 10, "the new worker")
+        # Passes keep coming (pods change, resyncs), each from a job status older than the
+        # operator's own write: none may plan the scale again.
+        start = passes(cluster)
+        while passes(cluster) < start + 20:
+            assert cluster.status(ns, "grow", "ScaleOut").get("addPods") == ["behind-worker-2"]
+            assert cluster.pods(ns, "behind", "worker") == [
+                "behind-worker-0", "behind-worker-1", "behind-worker-2",
+            ]  # fmt: skip
+    finally:
+        cluster.proxy.held.discard("trainingjobs")
+    wait_for(lambda: cluster.phase(ns, "grow", "ScaleOut") == "ScaleSucceeded", 20)
+    assert cluster.hosts(ns, "behind") == ["behind-worker-0", "behind-worker-1", "behind-worker-2"]
+    assert cluster.status(ns, "behind")["lastWorkerIndex"] == 2
