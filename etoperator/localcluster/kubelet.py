@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from etoperator.builders.ssh import generate_keypair
 from etoperator.localcluster import procs, volumes
 from etoperator.localcluster.apiclient import STRATEGIC, ApiStatus, AsyncApi
 from etoperator.localcluster.controlplane import ControlPlane
@@ -105,6 +106,7 @@ class Kubelet:
     ssh_port: int = 2222
     run_sshd: bool = True  # off: workers run nothing (benchmarks of thousands of pods)
     held: set[Key] = field(default_factory=set)  # tests keep these Pending
+    refusing: set[Key] = field(default_factory=set)  # Running, but sshd refuses the job's key
     lingering: set[Key] = field(default_factory=set)  # deletion left unfinished
     nodes: dict[Key, str] = field(default_factory=dict)  # pod -> node (else NODE)
     started_at: dict[Key, float] = field(default_factory=dict)  # monotonic, when Running
@@ -347,6 +349,9 @@ class Kubelet:
         authorized = ssh_dir / "authorized_keys"
         if not authorized.exists():
             return False
+        if key in self.refusing:  # trusts some other key: the job's is refused
+            authorized.rename(ssh_dir / "authorized_keys.job")
+            authorized.write_text(generate_keypair("stranger").public_openssh)
         cfg = d / "sshd_config"
         cfg.write_text(sshd_config(ip, self.ssh_port, host_key(self.workdir), authorized))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
@@ -510,6 +515,13 @@ class Kubelet:
         key = (namespace, name)
         self._kill(key)
         self.call(self.mark_terminated(key, exit_code, reason))
+
+    def accept_key(self, namespace: str, name: str) -> None:
+        """A worker started with `refusing` now trusts the job's key."""
+        key = (namespace, name)
+        self.refusing.discard(key)
+        ssh_dir = self.workdir / namespace / name / "ssh"
+        (ssh_dir / "authorized_keys.job").replace(ssh_dir / "authorized_keys")
 
     def release(self, namespace: str, name: str) -> None:
         """Let a pod held Pending (see `held`) start now."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scalein, scaleout
+from tests.support.manifests import job, scalein, scaleout
 
 pytestmark = pytest.mark.integration
 Manifest = dict[str, Any]
@@ -247,7 +247,7 @@ def test_the_corpus_is_big_enough() -> None:
 @pytest.fixture(scope="module")
 def world(cluster: Cluster) -> Iterator[tuple[str, dict[str, str]]]:
     """A namespace with the bystander (2 workers, running) and a job with room to grow."""
-    from tests.integration.test_lifecycle import running
+    from tests.support.waits import running
 
     ns = cluster.new_namespace()
     cluster.create(job(BYSTANDER, replicas=2, minReplicas=1, maxReplicas=4), ns)

@@ -9,9 +9,8 @@ import pytest
 
 from etoperator.localcluster.cluster import OPERATOR_USER
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scaleout
-from tests.integration.test_lifecycle import running
-from tests.integration.test_operations import scrape
+from tests.support.manifests import job, scaleout
+from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +29,6 @@ def operator_requests(cluster: Cluster, ns: str, since: set[str]) -> list[dict[s
 
 def seen(cluster: Cluster) -> set[str]:
     return {ev["auditID"] for ev in cluster.cp.audit()}
-
-
-def passes(cluster: Cluster) -> float:
-    return scrape(cluster)["etoperator_reconciles_total"]
 
 
 def test_a_quiet_job_costs_no_request(cluster: Cluster, ns: str) -> None:

@@ -16,8 +16,8 @@ import pytest
 from etoperator import naming
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scalein, scaleout
-from tests.integration.test_lifecycle import running
+from tests.support.manifests import job, scalein, scaleout
+from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
 SO, SI = "ScaleOut", "ScaleIn"

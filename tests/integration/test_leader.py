@@ -10,8 +10,8 @@ import pytest
 
 from etoperator.localcluster.cluster import OperatorProcess
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scaleout
-from tests.integration.test_lifecycle import running
+from tests.support.manifests import job, scaleout
+from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
 LEASE_NS = "etoperator-system"

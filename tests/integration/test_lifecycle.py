@@ -5,14 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job
+from tests.support.manifests import job
+from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration
-
-
-def running(cluster: Cluster, ns: str, name: str, workers: int = 2) -> None:
-    wait_for(lambda: cluster.phase(ns, name) == "Running", 30, f"{name} Running")
-    assert len(cluster.hosts(ns, name)) == workers
 
 
 def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
@@ -53,25 +49,22 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
 
 
 def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
-    # worker-1 stays Pending: no launcher, empty host list, phase Created.
-    cluster.kubelet.held.add((ns, "gate-worker-1"))
+    # worker-1 runs, but its sshd refuses the job's key: not ready, so no launcher.
+    cluster.kubelet.refusing.add((ns, "gate-worker-1"))
     cluster.create(job("gate"), ns)
-    wait_for(lambda: cluster.pods(ns, "gate", "worker") == ["gate-worker-0", "gate-worker-1"])
-    wait_for(lambda: cluster.obj("Pod", ns, "gate-worker-0")["status"]["phase"] == "Running")
+    def phases() -> list[str]:
+        pods = cluster.api.list("Pod", ns, "training-job-name=gate")
+        return sorted(str((p.get("status") or {}).get("phase")) for p in pods)
+
+    wait_for(lambda: phases() == ["Running", "Running"], 20, "both workers Running")
     # Give the operator passes to (wrongly) start the launcher; none may appear.
-    wait_for(
-        lambda: (
-            cluster.status(ns, "gate").get("replicaStatuses", {}).get("Worker", {}).get("active")
-            == 2
-        ),
-        10,
-        "status counts both workers",
-    )
+    start = passes(cluster)
+    wait_for(lambda: passes(cluster) >= start + 5, 30, "five passes", interval=0.2)
     assert cluster.pods(ns, "gate", "launcher") == []
     assert cluster.hosts(ns, "gate") == []
     assert cluster.phase(ns, "gate") == "Created"
-    # Running but with sshd refusing (its process killed): still not ready.
-    cluster.kubelet.release(ns, "gate-worker-1")
+    # Once its sshd takes the key, the job starts.
+    cluster.kubelet.accept_key(ns, "gate-worker-1")
     running(cluster, ns, "gate")
 
 

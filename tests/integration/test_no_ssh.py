@@ -12,7 +12,7 @@ import pytest
 
 from etoperator.localcluster.kubelet import Kubelet
 from tests.harness import Cluster, start_cluster, wait_for
-from tests.integration.jobs import job, scalein
+from tests.support.manifests import job, scalein
 
 pytestmark = pytest.mark.integration
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scaleout
-from tests.integration.test_lifecycle import running
+from tests.support.manifests import job, scaleout
+from tests.support.waits import running, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -65,17 +62,6 @@ def test_node_termination_taint(cluster: Cluster, ns: str) -> None:
     cond = cluster.condition(ns, "taint", "WorkerPreempted")
     assert cond and "spot-node-a" in cond["message"]
     wait_for(lambda: cluster.hosts(ns, "taint") == ["taint-worker-0", "taint-worker-2"], 15)
-
-
-def scrape(cluster: Cluster) -> dict[str, float]:
-    url = f"http://127.0.0.1:{cluster.operator.metrics_port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
-        if m:
-            out[m[1]] = float(m[2])
-    return out
 
 
 def test_metrics_move_with_the_world(cluster: Cluster, ns: str) -> None:

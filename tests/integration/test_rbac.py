@@ -11,7 +11,7 @@ import yaml
 
 from etoperator.localcluster.cluster import OPERATOR_USER
 from tests.harness import ROOT, Cluster, wait_for
-from tests.integration.jobs import job, scalein, scaleout
+from tests.support.manifests import job, scalein, scaleout
 
 pytestmark = pytest.mark.integration
 

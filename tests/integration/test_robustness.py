@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scaleout
-from tests.integration.test_lifecycle import running
+from tests.support.manifests import job, scaleout
+from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
 

@@ -9,24 +9,16 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import paramiko
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.integration.jobs import job, scalein, scaleout
-from tests.integration.test_lifecycle import running
+from tests.support.manifests import job, scalein, scaleout
+from tests.support.waits import running, settled
 
 pytestmark = pytest.mark.integration
 SO, SI = "ScaleOut", "ScaleIn"
-
-
-def settled(
-    cluster: Cluster, ns: str, kind: str, name: str, phase: str, timeout: float = 20
-) -> dict[str, Any]:
-    wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
-    return cluster.status(ns, name, kind)
 
 
 def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:

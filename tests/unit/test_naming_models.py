@@ -9,7 +9,7 @@ import pytest
 
 from etoperator import naming
 from etoperator.api.models import InvalidSpec, parse_job, parse_scaler
-from tests.integration.jobs import job, scalein, scaleout
+from tests.support.manifests import job, scalein, scaleout
 
 
 @pytest.mark.parametrize(

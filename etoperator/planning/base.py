@@ -1,0 +1,165 @@
+"""The planner's state for one pass and the helpers every part uses."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.api.models import JobSpec
+from etoperator.clock import iso, parse_iso
+from etoperator.planning.rules import by_index
+from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
+from etoperator.status import Event
+
+
+@dataclass(frozen=True)
+class Members:
+    """The membership one step of a pass hands to the next: the pods the run should have, and
+    those in Horovod's host list (always members too)."""
+
+    members: tuple[str, ...]
+    hosts: tuple[str, ...]
+
+    def without(self, *names: str) -> Members:
+        return Members(
+            tuple(n for n in self.members if n not in names),
+            tuple(h for h in self.hosts if h not in names),
+        )
+
+    def adding(self, *names: str) -> Members:
+        return replace(
+            self, members=self.members + tuple(n for n in names if n not in self.members)
+        )
+
+    def hosting(self, *names: str) -> Members:
+        return replace(self, hosts=self.hosts + tuple(n for n in names if n not in self.hosts))
+
+    def sorted(self, job: str) -> Members:
+        return Members(
+            tuple(by_index(job, list(self.members))), tuple(by_index(job, list(self.hosts)))
+        )
+
+
+class Base:
+    def __init__(self, inp: JobInput) -> None:
+        self.inp = inp
+        self.now = iso(inp.now)
+        self.s: dict[str, Any] = copy.deepcopy(inp.status)
+        self.plan = Plan(status=self.s)
+        self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
+        self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
+        self.scalers = {s.key: s for s in inp.scalers}
+        self.busy = False  # something is in flight: come back soon
+
+    def cond(self, ctype: str, status: str, reason: str, message: str, warn: bool = False) -> None:
+        conds, changed = st.set_condition(
+            self.s.get("conditions") or [], ctype, status, reason, message, self.now
+        )
+        self.s["conditions"] = conds
+        if changed and status == "True":
+            self.plan.events.append(Event("Warning" if warn else "Normal", reason, message))
+
+    def scaler_cond(
+        self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
+    ) -> dict[str, Any]:
+        new = copy.deepcopy(self.plan.scaler_status.get(sc.key, sc.status))
+        conds, changed = st.set_condition(
+            new.get("conditions") or [], ctype, "True", reason, message, self.now
+        )
+        new["conditions"] = conds
+        new["phase"] = phase
+        if phase in st.SCALE_TERMINAL:
+            new.setdefault("completionTime", self.now)
+            started = parse_iso(new.get("startTime"))
+            secs = (self.inp.now - started).total_seconds() if started else 0.0
+            result = "succeeded" if phase == st.SCALE_SUCCEEDED else "failed"
+            self.plan.settled_scalers.append((sc.kind, result, f"{secs:.3f}"))
+        if new != sc.status:
+            self.plan.scaler_status[sc.key] = new
+        if changed:
+            event = Event("Warning" if warn else "Normal", reason, message)
+            self.plan.scaler_events.setdefault(sc.key, []).append(event)
+            if phase in st.SCALE_TERMINAL:  # `kubectl describe tj` tells how each scale ended
+                self.plan.events.append(
+                    Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
+                )
+        return new
+
+    def fail_scaler(self, sc: ScalerView, reason: str, message: str) -> None:
+        self.scaler_cond(sc, st.SCALE_FAILED, st.SCALE_FAILED, reason, message, warn=True)
+
+    def delete(self, name: str) -> None:
+        pod = self.workers.get(name) or (
+            self.launcher if self.launcher and self.launcher.name == name else None
+        )
+        if pod is not None and not pod.deleting and name not in self.plan.delete_pods:
+            self.plan.delete_pods.append(name)
+
+    def job(self) -> JobSpec:
+        assert self.inp.spec is not None
+        return self.inp.spec
+
+    def fresh_run(self) -> None:
+        """Membership for a new run: fresh indices, an empty host list."""
+        job = self.job()
+        start = self.last_index() + 1
+        self.s["runStartIndex"] = start
+        self.s["targetWorkers"] = [
+            naming.worker_name(job.name, i) for i in range(start, start + job.worker.replicas)
+        ]
+        self.s["lastWorkerIndex"] = start + job.worker.replicas - 1
+        self.s["currentWorkers"] = []
+        self.accept(job.worker.replicas)
+        self.s["phase"] = st.CREATED
+        for ctype in ("WorkersReady", "LauncherCreated", "Running"):
+            if st.condition(self.s.get("conditions") or [], ctype):
+                self.cond(ctype, "False", "NewRun", "a new run is starting")
+
+    def accept(self, replicas: int) -> None:
+        self.s["acceptedReplicas"] = replicas
+        self.s.pop("replicasBefore", None)
+
+    def last_index(self) -> int:
+        seen = [p.index for p in self.workers.values() if p.index is not None]
+        return max([int(self.s.get("lastWorkerIndex", -1)), *seen])
+
+    def active_scaler(self) -> ScalerView | None:
+        ref = naming.parse_scaler_ref(str(self.s.get("currentScaler") or ""))
+        if ref is None:
+            return None
+        sc = self.scalers.get((ref[0], ref[2]))
+        if sc is None or sc.phase in st.SCALE_TERMINAL or not sc.planned:
+            return None
+        return sc
+
+    # -- steps other parts provide (planning/__init__.py puts the parts together) ----------
+
+    def running(self) -> None:
+        raise NotImplementedError
+
+    def finished(self) -> None:
+        raise NotImplementedError
+
+    def fail_job(self, reason: str, message: str) -> None:
+        raise NotImplementedError
+
+    def succeed_job(self) -> None:
+        raise NotImplementedError
+
+    def launcher_failed(self, launcher: PodView) -> None:
+        raise NotImplementedError
+
+    def drive_scale_out(self, sc: ScalerView, m: Members, broken: list[str]) -> Members:
+        raise NotImplementedError
+
+    def drive_scale_in(self, sc: ScalerView, m: Members) -> Members:
+        raise NotImplementedError
+
+    def start_scalers(self) -> None:
+        raise NotImplementedError
+
+    def replicas(self) -> None:
+        raise NotImplementedError

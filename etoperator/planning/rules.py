@@ -1,0 +1,91 @@
+"""Rules a plan follows, as small pure functions: replacement, victims, limits, scripts."""
+
+from __future__ import annotations
+
+from etoperator import naming
+from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.planning.views import PodView, ScalerView
+
+
+def workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
+
+
+def by_index(job: str, names: list[str]) -> list[str]:
+    return sorted(set(names), key=lambda n: (naming.worker_index(job, n) or 0, n))
+
+
+def replaces(policy: str, pod: PodView | None) -> bool:
+    """Does the worker restartPolicy ask for a replacement of this lost worker?"""
+    if policy == "Always":
+        return True
+    if policy == "Never":
+        return False
+    code = pod.exit_code if pod is not None and not pod.deleting and not pod.leaving else None
+    if policy == "OnFailure":
+        return code != 0
+    # ExitCode: 1-127 are the program's own verdict (permanent); signals and loss are retryable.
+    return code is None or code >= 128
+
+
+def victims_by_count(job: str, members: list[str], count: int) -> list[str]:
+    """Highest indices first."""
+    return by_index(job, members)[::-1][:count]
+
+
+def check_scale_in(
+    job: JobSpec, members: list[str], hosts: list[str], spec: ScalerSpec
+) -> tuple[list[str], str | None]:
+    """Victims of a ScaleIn, or the reason it cannot run (then nothing is deleted)."""
+    if spec.pod_names is not None:
+        unknown = [n for n in spec.pod_names if n not in members]
+        if unknown:
+            return [], (
+                f"not current workers of job {job.name}: {', '.join(unknown)}; nothing deleted"
+            )
+        victims = list(spec.pod_names)
+    else:
+        assert spec.count is not None
+        victims = victims_by_count(job.name, members, spec.count)
+    left = len(members) - len(victims)
+    if left < job.worker.min_replicas:
+        return [], (
+            f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
+            f"below minReplicas {job.worker.min_replicas}"
+        )
+    if hosts and not [h for h in hosts if h not in victims]:
+        return [], "would remove every worker in the host list; Horovod needs one to keep state"
+    return by_index(job.name, victims), None
+
+
+def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str | None:
+    assert spec.count is not None
+    limit, what = job.worker.max_replicas, "maxReplicas"
+    if limit is None or limit > job.worker.limit:
+        limit, what = job.worker.limit, "this operator's limit of workers per job"
+    if len(members) + spec.count > limit:
+        return (
+            f"adding {spec.count} to {workers(len(members))} would exceed {what} {limit}; "
+            "nothing added"
+        )
+    return None
+
+
+def script_argv(spec: ScalerSpec, pods: list[str], slots: int) -> list[str]:
+    """The scaler's script called as the Go operator called it, `timeout <t> sh <script>
+    pod1:slots,pod2:slots`, so scripts written for it work unchanged; but as an argv list, with
+    `env` setting the variables: values arrive as written, no shell parses them."""
+    assert spec.script is not None
+    return [
+        "timeout",
+        str(spec.timeout),
+        "env",
+        *(f"{k}={v}" for k, v in spec.env),
+        "sh",
+        spec.script,
+        ",".join(f"{pod}:{slots}" for pod in pods),
+    ]
+
+
+def scaler_order(s: ScalerView) -> tuple[str, str]:
+    return (s.created, s.name)

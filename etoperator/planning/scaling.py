@@ -1,0 +1,236 @@
+"""Scaling: the scaler queue, ScaleOut, ScaleIn, and spec replicas (`kubectl scale`)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.clock import parse_iso
+from etoperator.planning.base import Base, Members
+from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
+from etoperator.planning.views import ScalerView
+
+
+class Scaling(Base):
+    def timed_out(self, sc: ScalerView) -> bool:
+        assert sc.spec is not None
+        started = parse_iso(sc.status.get("startTime"))
+        return started is not None and self.inp.now - started >= timedelta(seconds=sc.spec.timeout)
+
+    def drive_scale_out(self, sc: ScalerView, m: Members, broken: list[str]) -> Members:
+        """New workers join the host list together, once all are ready; the scaler succeeds
+        once Horovod can see them."""
+        new = sc.planned
+        taken = [n for n in new if n in self.inp.squatted]
+        if taken:  # never ours to wait for, nor to remove
+            ours = [n for n in new if n not in taken]
+            removed = f"; removed {', '.join(ours)}" if ours else ""
+            why = f"pod {', '.join(taken)} exists and is not this job's"
+            return self.scale_out_failed(sc, m, ours, why, f"{why}; nothing added{removed}")
+        if broken or self.timed_out(sc):
+            assert sc.spec is not None
+            missing = [n for n in new if not (self.workers.get(n) and self.workers[n].ready)]
+            why = (
+                f"new workers failed while joining: {', '.join(broken)}"
+                if broken
+                else f"new workers not ready within {sc.spec.timeout}s: {', '.join(missing)}"
+            )
+            return self.scale_out_failed(sc, m, new, why, f"{why}; removed {', '.join(new)}")
+        if not all(self.workers.get(n) and self.workers[n].ready for n in new):
+            self.busy = True
+            return m
+        m = m.hosting(*new)
+        # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
+        if not set(new) <= set(self.inp.published or []):
+            self.busy = True
+        elif self.script_done(sc, new):
+            self.finish_scale(sc, f"added {', '.join(new)} to the host list")
+        return m
+
+    def scale_out_failed(
+        self, sc: ScalerView, m: Members, ours: list[str], why: str, message: str
+    ) -> Members:
+        for n in ours:
+            self.delete(n)
+        self.fail_scaler(sc, "ScaleOutFailed", message)
+        self.s["currentScaler"] = ""
+        self.cond(st.SCALING, "False", "ScaleOutFailed", why)
+        return m.without(*sc.planned)
+
+    def drive_scale_in(self, sc: ScalerView, m: Members) -> Members:
+        """Victims leave the host list first, then their pods go once Horovod has left them
+        (or the scaler's timeout runs out)."""
+        victims = sc.planned
+        m = m.without(*victims)
+        published = set(self.inp.published or [])
+        alive = [v for v in victims if v in self.workers and not self.workers[v].deleting]
+        # A victim has drained when Horovod no longer runs on it (or its pod is not running).
+        draining = [
+            v
+            for v in alive
+            if self.workers[v].phase == "Running"
+            and (v in published or self.workers[v].busy is not False)
+        ]
+        if not set(victims) & published and not self.script_done(sc, victims):
+            return m
+        if draining and not self.timed_out(sc):
+            self.busy = True
+            return m
+        for v in alive:
+            self.delete(v)
+        if draining:
+            assert sc.spec is not None
+            self.scaler_cond(
+                sc,
+                st.SCALE_RUNNING,
+                "DrainTimeout",
+                "DrainTimeout",
+                f"Horovod still ran on {', '.join(draining)} after {sc.spec.timeout}s; "
+                "deleted anyway",
+                warn=True,
+            )
+        self.finish_scale(sc, f"removed {', '.join(victims)}")
+        return m
+
+    def script_done(self, sc: ScalerView, pods: list[str]) -> bool:
+        """The scaler's script (if any) has run on the launcher; else ask for it to run."""
+        assert sc.spec is not None
+        if not sc.spec.script or st.condition(sc.status.get("conditions") or [], "ScriptExecuted"):
+            return True
+        if self.launcher is None or self.launcher.phase != "Running":
+            return True  # nowhere to run it; the scale itself goes on
+        argv = script_argv(sc.spec, pods, self.job().slots_per_worker)
+        self.plan.run_scripts.append((sc.key, argv, sc.spec.timeout))
+        self.busy = True
+        return False
+
+    def finish_scale(self, sc: ScalerView, what: str) -> None:
+        self.scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)
+        self.s["currentScaler"] = ""
+        self.cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
+
+    def start_scalers(self) -> None:
+        """Fail bad scalers; start the oldest waiting one when none runs."""
+        job = self.job()
+        waiting = []
+        for sc in sorted(self.inp.scalers, key=scaler_order):
+            if sc.phase in st.SCALE_TERMINAL or sc.key in self.plan.scaler_status:
+                continue
+            if sc.spec is None:
+                self.fail_scaler(sc, "InvalidSpec", sc.error or "invalid spec")
+            else:
+                waiting.append(sc)
+        if self.s.get("currentScaler") or not waiting:
+            return
+        members: list[str] = self.s["targetWorkers"]
+        hosts: list[str] = self.s["currentWorkers"]
+        for sc in waiting:
+            spec = sc.spec
+            assert spec is not None
+            if spec.kind == naming.SCALEOUT_KIND:
+                problem = check_scale_out(job, members, spec)
+                if problem:
+                    self.fail_scaler(sc, "MaxReplicasExceeded", problem)
+                    continue
+                assert spec.count is not None
+                first = self.last_index() + 1
+                planned = [
+                    naming.worker_name(job.name, i) for i in range(first, first + spec.count)
+                ]
+                self.s["lastWorkerIndex"] = first + spec.count - 1
+                self.s["targetWorkers"] = members + planned
+                self.plan.create_workers.extend(range(first, first + spec.count))
+                field_name = "addPods"
+                what = f"adding {', '.join(planned)}"
+            else:
+                planned, problem = check_scale_in(job, members, hosts, spec)
+                if problem:
+                    self.fail_scaler(sc, "InvalidScaleIn", problem)
+                    continue
+                self.s["targetWorkers"] = [m for m in members if m not in planned]
+                self.s["currentWorkers"] = [h for h in hosts if h not in planned]
+                self.plan.hosts = self.s["currentWorkers"]
+                field_name = "toDeletePods"
+                what = f"removing {', '.join(planned)}"
+            new = copy.deepcopy(sc.status)
+            new[field_name] = planned
+            new["startTime"] = self.now
+            self.plan.scaler_status[sc.key] = new
+            self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
+            self.s["currentScaler"] = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
+            self.s["scalerPods"] = planned
+            self.cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
+            self.busy = True
+            return
+
+    def replicas(self) -> None:
+        """spec replicas follow the membership each scaler sets (so `kubectl get tj` shows the
+        target, and a failed scale gives back the real size); a change by anyone else is a
+        request, run as a scaler of the difference once the queue is empty."""
+        request = self.replicas_request()
+        if request is not None:
+            self.take_request(request)
+        elif (self.inp.status.get("currentScaler") or "") != (self.s.get("currentScaler") or ""):
+            self.follow(len(self.s["targetWorkers"]))
+
+    def replicas_request(self) -> int | None:
+        """The spec replicas a user asked for and the operator has not taken up, if any.
+
+        acceptedReplicas is the value accounted for. While the operator's own write of it may
+        not have landed, replicasBefore holds the value it replaces: seeing that value is our
+        write still to do (done again here), never a request, whatever crash came between."""
+        spec = self.job().worker.replicas
+        accepted = self.s.get("acceptedReplicas")
+        if accepted is None or spec == accepted:
+            self.accept(spec)
+            return None
+        if spec == self.s.get("replicasBefore"):
+            self.plan.spec_replicas = int(accepted)
+            return None
+        if any(sc.made_for == self.inp.generation and sc.owned for sc in self.inp.scalers):
+            self.accept(spec)  # its scaler exists: the request is queued like any other
+            return None
+        return spec
+
+    def follow(self, members: int) -> None:
+        worker = self.job().worker
+        wanted = max(members, worker.min_replicas)
+        if worker.max_replicas is not None:
+            wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
+        if wanted == worker.replicas:
+            self.accept(wanted)
+            return
+        self.s["acceptedReplicas"] = wanted
+        self.s["replicasBefore"] = worker.replicas
+        self.plan.spec_replicas = wanted
+
+    def take_request(self, replicas: int) -> None:
+        job = self.job()
+        if self.s.get("currentScaler") or any(
+            sc.phase not in st.SCALE_TERMINAL and sc.key not in self.plan.scaler_status
+            for sc in self.inp.scalers
+        ):
+            return  # let queued scalers run first; the difference is taken afterwards
+        delta = replicas - len(self.s["targetWorkers"])
+        if delta == 0:
+            self.accept(replicas)
+            return
+        kind = naming.SCALEOUT_KIND if delta > 0 else naming.SCALEIN_KIND
+        body: dict[str, Any] = {"selector": {"name": job.name}}
+        if delta > 0:
+            body["toAdd"] = {"count": delta}
+        else:
+            body["toDelete"] = {"count": -delta}
+        # Accepted once seen: a crash before the create lands leaves the request standing.
+        self.plan.create_scalers.append(
+            {
+                "kind": kind,
+                "name": naming.replicas_scaler_name(job.name, self.inp.generation),
+                "generation": self.inp.generation,
+                "spec": body,
+            }
+        )
+        self.busy = True

@@ -1,0 +1,98 @@
+"""What the planner reads (views of pods, scalers, the job) and what it returns (a plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from etoperator import naming
+from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.status import Event
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    role: str
+    index: int | None = None
+    phase: str = "Pending"
+    deleting: bool = False
+    ready: bool = False  # worker: sshd accepts the job key; launcher: Running
+    exit_code: int | None = None
+    reason: str = ""
+    run: int | None = None  # launcher: the run (restartCount) it was created for
+    leaving: str = ""  # a notice that the pod is about to go (preemption, drain)
+    busy: bool | None = None  # scale-in victim: a Horovod process still runs on it
+
+    @property
+    def draining(self) -> bool:
+        """Noticed for preemption, still running: Horovod may still be on it."""
+        return bool(self.leaving) and self.phase == "Running" and not self.deleting
+
+    @property
+    def gone_bad(self) -> bool:
+        return self.phase in ("Failed", "Succeeded") or self.deleting or bool(self.leaving)
+
+
+@dataclass(frozen=True)
+class ScalerView:
+    kind: str
+    name: str
+    created: str
+    spec: ScalerSpec | None
+    error: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+    owned: bool = False
+    made_for: int | None = None  # made by the operator for `kubectl scale` at this generation
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.kind, self.name)
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase") or "")
+
+    @property
+    def planned(self) -> list[str]:
+        field_name = "addPods" if self.kind == naming.SCALEOUT_KIND else "toDeletePods"
+        return list(self.status.get(field_name) or [])
+
+
+@dataclass(frozen=True)
+class JobInput:
+    name: str
+    namespace: str
+    generation: int
+    spec: JobSpec | None
+    error: str | None
+    status: dict[str, Any]
+    pods: list[PodView]
+    scalers: list[ScalerView]
+    now: datetime
+    published: list[str] | None = None  # the host list in the ConfigMap now
+    problems: tuple[str, ...] = ()  # children in the way (found now, or by the last pass's acts)
+    public_key: str | None = None  # the job's SSH public key, recorded for a later rotation
+    squatted: tuple[str, ...] = ()  # worker names held by pods that are not this job's
+    hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
+    refusal_over: bool = False  # the apiserver accepted the last pass's writes again
+
+
+@dataclass
+class Plan:
+    status: dict[str, Any]
+    create_workers: list[int] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    create_launcher: bool = False
+    hosts: list[str] | None = None  # None: leave the ConfigMap as it is
+    services: list[str] = field(default_factory=list)  # worker services that should exist
+    scaler_status: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    scaler_events: dict[tuple[str, str], list[Event]] = field(default_factory=dict)
+    adopt_scalers: list[tuple[str, str]] = field(default_factory=list)
+    create_scalers: list[dict[str, Any]] = field(default_factory=list)
+    spec_replicas: int | None = None
+    events: list[Event] = field(default_factory=list)
+    requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
+    settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
+    run_scripts: list[tuple[tuple[str, str], list[str], int]] = field(default_factory=list)

@@ -1,0 +1,40 @@
+"""Waits on the state of the world a test checks, each with a deadline."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any
+
+from tests.harness import Cluster, wait_for
+
+
+def running(cluster: Cluster, ns: str, name: str, workers: int = 2) -> None:
+    """The job runs, with `workers` in its host list."""
+    wait_for(lambda: cluster.phase(ns, name) == "Running", 30, f"{name} Running")
+    assert len(cluster.hosts(ns, name)) == workers
+
+
+def settled(
+    cluster: Cluster, ns: str, kind: str, name: str, phase: str, timeout: float = 20
+) -> dict[str, Any]:
+    """The scaler reached `phase`; its status."""
+    wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
+    return cluster.status(ns, name, kind)
+
+
+def scrape(cluster: Cluster) -> dict[str, float]:
+    """The operator's metrics."""
+    url = f"http://127.0.0.1:{cluster.operator.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$", line)
+        if m:
+            out[m[1]] = float(m[2])
+    return out
+
+
+def passes(cluster: Cluster) -> float:
+    """Reconcile passes the operator has made (of all jobs)."""
+    return scrape(cluster)["etoperator_reconciles_total"]
