@@ -249,7 +249,13 @@ class ControlPlane:
         """The audit log's events (one JSON object a line)."""
         if not self.audit_log.exists():
             return []
-        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
+        events = []
+        for line in self.audit_log.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # the line being written as we read
+        return events
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:

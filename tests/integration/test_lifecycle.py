@@ -52,6 +52,7 @@ def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     # worker-1 runs, but its sshd refuses the job's key: not ready, so no launcher.
     cluster.kubelet.refusing.add((ns, "gate-worker-1"))
     cluster.create(job("gate"), ns)
+
     def phases() -> list[str]:
         pods = cluster.api.list("Pod", ns, "training-job-name=gate")
         return sorted(str((p.get("status") or {}).get("phase")) for p in pods)

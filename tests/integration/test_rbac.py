@@ -16,11 +16,14 @@ from tests.support.manifests import job, scalein, scaleout
 pytestmark = pytest.mark.integration
 
 
-def granted() -> set[tuple[str, str, str]]:
+def granted(kinds: tuple[str, ...] = ("ClusterRole", "Role")) -> set[tuple[str, str, str]]:
+    """What deploy/rbac.yaml grants: the ClusterRole (the jobs' work) and the Role (the Lease
+    of leader election, used in tests/integration/test_leader.py)."""
     docs = list(yaml.safe_load_all((ROOT / "deploy/rbac.yaml").read_text()))
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
     return {
         (verb, group, res)
+        for role in docs
+        if role["kind"] in kinds
         for rule in role["rules"]
         for group in rule["apiGroups"]
         for res in rule["resources"]
@@ -86,6 +89,30 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
         job("rb", replicas=2, maxReplicas=4, workerRestartPolicy="Always", cleanPodPolicy="All"), ns
     )
     wait_for(lambda: (cluster.condition(ns, "rb", "Blocked") or {}).get("status") == "True")
+    # A second job finds its ConfigMap and launcher account, Role and binding taken (the
+    # operator reads them to tell); a third names an SSH Secret of the user's (read, not
+    # watched: it carries no label of ours).
+    rbac_v1 = "rbac.authorization.k8s.io/v1"
+    for api, kind, name in (
+        ("v1", "ConfigMap", "rbx-config"),
+        ("v1", "ServiceAccount", "rbx-launcher"),
+        (rbac_v1, "Role", "rbx-launcher"),
+        (rbac_v1, "RoleBinding", "rbx-launcher"),
+    ):
+        body: dict[str, object] = {"apiVersion": api, "kind": kind}
+        body["metadata"] = {"name": name, "namespace": ns}
+        if kind == "RoleBinding":
+            body["roleRef"] = {"apiGroup": rbac_v1.split("/")[0], "kind": "Role", "name": name}
+        cluster.api.create(body)
+    cluster.create(job("rbx", replicas=1), ns)
+    mine = {"arena.kubeflow.org/ssh-secret": "mine"}
+    cluster.create(job("rbu", replicas=1, annotations=mine), ns)
+
+    def blocked_by(name: str, needle: str) -> bool:
+        return needle in str((cluster.condition(ns, name, "Blocked") or {}).get("message"))
+
+    wait_for(partial(blocked_by, "rbx", "RoleBinding rbx-launcher exists"), 10)
+    wait_for(partial(blocked_by, "rbu", "SSH Secret mine"), 10)
     cluster.api.delete("Pod", ns, "rb-worker-1")
     cluster.api.delete("Service", ns, "rb-worker-1")
     wait_for(lambda: cluster.phase(ns, "first", "ScaleOut") == "ScaleSucceeded", 30)
@@ -110,7 +137,7 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     used = audited(cluster)
     missing = sorted(used - granted())
     assert not missing, f"the operator used permissions deploy/rbac.yaml does not grant: {missing}"
-    unused = sorted(granted() - used)
+    unused = sorted(granted(("ClusterRole",)) - used)
     assert not unused, f"deploy/rbac.yaml grants permissions the operator never used: {unused}"
 
 
@@ -126,10 +153,13 @@ def test_deploy_renders_with_kustomize(cluster: Cluster) -> None:
         "CustomResourceDefinition",
         "Deployment",
         "Namespace",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
     ]
     dep = next(d for d in docs if d["kind"] == "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 2  # a leader and a standby
+    assert "--leader-election" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["resources"]["requests"]
     sa = dep["spec"]["template"]["spec"]["serviceAccountName"]
