@@ -22,17 +22,16 @@ from etoperator.settings import Settings
 from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
-RUNTIME: dict[str, Runtime] = {}
 RBAC_GROUP = "rbac.authorization.k8s.io"
-TASKS: list[asyncio.Task[None]] = []  # the election's, kept from being collected
 
 
-def runtime() -> Runtime:
-    return RUNTIME["rt"]
+def runtime(memo: Any) -> Runtime:
+    """The operator's runtime, kept in kopf's memo (set at start-up)."""
+    return memo.rt  # type: ignore[no-any-return]
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = Settings.from_env()
     settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
@@ -59,31 +58,33 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         ssh_checks=cfg.ssh_checks,
         max_workers=cfg.max_workers,
         script_pool=concurrent.futures.ThreadPoolExecutor(cfg.script_workers, "etoperator-script"),
+        probe_pool=concurrent.futures.ThreadPoolExecutor(cfg.workers, "etoperator-ssh"),
     )
     rt = Runtime(
         reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints), resync=cfg.resync
     )
-    RUNTIME["rt"] = rt
+    memo.rt = rt
     if cfg.leader_election:
         election = LeaderElection(reconciler.kube, cfg.lease_namespace, cfg.identity)
         rt.leading = election.leading
-        TASKS.extend([asyncio.create_task(election.run()), asyncio.create_task(rt.lead())])
+        # Kept in the memo, so that the tasks are not collected while they run.
+        memo.election = [asyncio.create_task(election.run()), asyncio.create_task(rt.lead())]
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started %s", cfg.describe())
 
 
 @kopf.on.cleanup()
-def cleanup(**_: Any) -> None:
-    rt = RUNTIME.get("rt")
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    rt = getattr(memo, "rt", None)
     if rt is not None:
         for key in list(rt.tasks):
             rt.forget(key)
 
 
 @kopf.on.probe(id="jobs")
-def probe_jobs(**_: Any) -> int:
-    return len(runtime().tasks)
+def probe_jobs(memo: kopf.Memo, **_: Any) -> int:
+    return len(runtime(memo).tasks)
 
 
 # -- the watch caches (cache.py): kopf fills them before any handler runs ---------------------
@@ -146,10 +147,10 @@ def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.JOB_PLURAL)
 async def job_event(
-    type: str, name: str, namespace: str | None, body: kopf.Body, **kwargs: Any
+    type: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
 ) -> None:
     key = (namespace or "", name)
-    rt = runtime()
+    rt = runtime(memo)
     _attach(rt, kwargs)
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         rt.forget(key)
@@ -160,16 +161,17 @@ async def job_event(
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
 @kopf.on.event("", "v1", "configmaps", labels={naming.LABEL_GROUP: naming.GROUP})
-async def child_event(labels: Mapping[str, str], namespace: str | None, **_: Any) -> None:
+async def child_event(
+    labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
     """A pod or the host-list ConfigMap of a job changed or went: its job looks again."""
     job = labels.get(naming.LABEL_JOB)
     if job:
-        runtime().kick((namespace or "", job))
+        runtime(memo).kick((namespace or "", job))
 
 
-async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -> None:
+async def _scaler_event(rt: Runtime, kind: str, name: str, namespace: str, body: kopf.Body) -> None:
     job = ((body.get("spec") or {}).get("selector") or {}).get("name")
-    rt = runtime()
     if not rt.is_leader():
         return
     if isinstance(job, str) and rt.has((namespace, job)):
@@ -183,12 +185,12 @@ async def _scaler_event(kind: str, name: str, namespace: str, body: kopf.Body) -
 
 @kopf.on.event("", "v1", "secrets", labels={naming.LABEL_GROUP: naming.GROUP})
 async def secret_event(
-    type: str, labels: Mapping[str, str], namespace: str | None, **_: Any
+    type: str, labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
     """The job's SSH Secret changed or went: look again now, not at the next full check."""
     job = labels.get(naming.LABEL_JOB)
     if job and type in ("MODIFIED", "DELETED"):
-        rt = runtime()
+        rt = runtime(memo)
         rt.reconciler.child_changed(namespace or "", job, "Secret", type == "DELETED")
         rt.kick((namespace or "", job))
 
@@ -198,12 +200,17 @@ async def secret_event(
 @kopf.on.event(RBAC_GROUP, "v1", "roles", labels={naming.LABEL_GROUP: naming.GROUP})
 @kopf.on.event(RBAC_GROUP, "v1", "rolebindings", labels={naming.LABEL_GROUP: naming.GROUP})
 async def owned_event(
-    type: str, labels: Mapping[str, str], namespace: str | None, resource: kopf.Resource, **_: Any
+    type: str,
+    labels: Mapping[str, str],
+    namespace: str | None,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """A worker Service or the launcher's account, Role or binding went: put it back now."""
     job = labels.get(naming.LABEL_JOB)
     if job and type == "DELETED":
-        rt = runtime()
+        rt = runtime(memo)
         rt.reconciler.child_changed(namespace or "", job, resource.kind or "", deleted=True)
         rt.kick((namespace or "", job))
 
@@ -216,6 +223,7 @@ async def scaler_event(
     namespace: str | None,
     body: kopf.Body,
     resource: kopf.Resource,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     if type == "DELETED" or not namespace:
@@ -223,12 +231,12 @@ async def scaler_event(
     kind = (
         naming.SCALEOUT_KIND if resource.plural == naming.SCALEOUT_PLURAL else (naming.SCALEIN_KIND)
     )
-    await _scaler_event(kind, name, namespace, body)
+    await _scaler_event(runtime(memo), kind, name, namespace, body)
 
 
-async def node_event(type: str, name: str, body: kopf.Body, **_: Any) -> None:
+async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Spot/preemption notices: a node tainted for termination takes its workers with it."""
-    rt = runtime()
+    rt = runtime(memo)
     taints = {t.get("key") for t in (body.get("spec") or {}).get("taints") or []}
     doomed = type != "DELETED" and bool(taints & rt.taint_keys)
     if doomed != (name in rt.tainted):

@@ -101,11 +101,14 @@ class Runtime:
             try:
                 # Read in the event loop, where the caches change; the pass owns its copy.
                 obs = self.observe(*key) if self.observe is not None else None
-                delay = (
-                    await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
-                    if obs is not None
-                    else 0.0
-                )
+                if obs is None:  # the job is gone
+                    self.tasks.pop(key, None)
+                    self.kicks.pop(key, None)
+                    self.reconciler.forget(*key)
+                    return
+                nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
+                delay = nxt.seconds
+                log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *key, delay, nxt.why)
                 failures = 0
             except (ApiError, OSError) as exc:
                 failures += 1
@@ -120,11 +123,6 @@ class Runtime:
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("Reconcile raised namespace=%s job=%s retry_in=%.1fs", *key, delay)
-            if delay <= 0:  # the job is gone
-                self.tasks.pop(key, None)
-                self.kicks.pop(key, None)
-                self.reconciler.forget(*key)
-                return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=min(delay, self.resync))
 

@@ -273,7 +273,7 @@ def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: 
         assert cluster.wait_event(ns, "refused", "APIRefused")["type"] == "Warning"
     finally:
         cluster.proxy.clear()
-    # Tried again within REFUSED_RETRY (10 s), then it starts as any job does.
+    # Tried again within REFUSED's 10 s, then it starts as any job does.
     wait_for(lambda: cluster.phase(ns, "refused") == "Running", 45, "refused Running")
     wait_for(
         lambda: (cluster.condition(ns, "refused", "Blocked") or {}).get("status") == "False",

@@ -1,0 +1,204 @@
+"""Children: the Secret, ConfigMap and launcher RBAC a job needs, repaired when deleted; pods,
+Services and scalers created as planned; objects of others in the way reported, never taken."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from etoperator import metrics, naming
+from etoperator import status as st
+from etoperator.api.models import (
+    JobSpec,
+)
+from etoperator.builders import config, pods, rbac, scalers, ssh
+from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.cache import Observed
+from etoperator.kube import AlreadyExists
+from etoperator.planning import Plan
+from etoperator.reconcile.state import USER_SECRET_RECHECK, State, job_key
+
+log = logging.getLogger(__name__)
+
+
+class Children(State):
+    def ensure_basics(self, obs: Observed) -> list[str]:
+        """Secret, ConfigMap and the launcher's RBAC (as the watches show them, so this costs
+        no request unless something is missing); what stands in their way, if anything."""
+        spec = obs.spec
+        assert spec is not None
+        if (obs.job.get("status") or {}).get("phase") in st.TERMINAL:
+            return []
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        problems = self.check_user_secret(spec) if spec.ssh_secret else []
+        if not spec.ssh_secret and obs.secret is None:
+            problems += self.repair_secret(obs, owner)
+        elif obs.secret is not None:
+            self._public[job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(obs.secret)
+        if obs.configmap is None:
+            problems += self.repair_config_map(obs, owner)
+        for obj in rbac.launcher_rbac(spec, owner):
+            if (obj["kind"], obj["metadata"]["name"]) not in obs.present:
+                problems += self.ensure(obs, obj)
+        return problems
+
+    def check_user_secret(self, spec: JobSpec) -> list[str]:
+        """The Secret the annotation names: not the job's own, so not watched; read again at
+        most every few minutes (and whenever it was found wanting)."""
+        key = job_key(spec.namespace, spec.name, spec.uid)
+        checked = self._basics_checked.get(key)
+        if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
+            return []
+        secret, name = self._user_secret(spec), spec.ssh_secret
+        problems = []
+        if secret is None:
+            problems.append(f"SSH Secret {name} named by the annotation is missing")
+        elif ssh.missing_keys(secret):
+            problems.append(f"SSH Secret {name} lacks {', '.join(ssh.missing_keys(secret))}")
+        elif other := ssh.other_job(secret, spec.uid):
+            problems.append(
+                f"SSH Secret {name} belongs to TrainingJob {other}: a job may only name a "
+                "Secret of its own (its key opens that job's workers)"
+            )
+        if problems:
+            self._basics_checked.pop(key, None)
+        else:
+            self._basics_checked[key] = self.clock()
+        return problems
+
+    def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
+        """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
+        under a running job (its workers and launcher hold that key), else a fresh one."""
+        spec = obs.spec
+        assert spec is not None
+        name = naming.secret_name(spec.name)
+        comment = f"etoperator-{spec.name}"
+        key = job_key(spec.namespace, spec.name, spec.uid)
+        kept = self._key_texts.get(f"{key}/{name}")
+        keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
+        # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
+        old = (self._public.get(key) or (obs.job.get("status") or {}).get("sshPublicKey") or "",)
+        secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
+        made, problems = self.create(obs, secret)
+        if made:
+            self._public[key] = keys.public_openssh
+        if made and (obs.job.get("status") or {}).get("currentWorkers"):
+            how = (
+                "with the job's key pair"
+                if kept
+                else "with a new key pair; pods still holding the old key are trusted too"
+            )
+            message = f"Secret {name} was missing; recreated {how}"
+            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+        return problems
+
+    def repair_config_map(self, obs: Observed, owner: Owner) -> list[str]:
+        """(Re)create the ConfigMap with the host list the job has now: one that is deleted
+        under a running job comes back with it, never empty (Horovod would drop every host)."""
+        spec = obs.spec
+        assert spec is not None
+        hosts = list((obs.job.get("status") or {}).get("currentWorkers") or [])
+        cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
+        made, problems = self.create(obs, cm)
+        if made and hosts:
+            message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
+                ", ".join(hosts)
+            )
+            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+        return problems
+
+    def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
+        """Create `obj`; a same-named object this job does not control is a problem, not ours.
+        A refusal by the apiserver propagates: the pass reports it as Blocked/APIRefused."""
+        return self.create(obs, obj)[1]
+
+    def create(self, obs: Observed, obj: dict[str, Any]) -> tuple[bool, list[str]]:
+        """(made now, problems): not made when it existed already (ours, or in the way)."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            self.kube.create(obj)
+            log.info("Created %s namespace=%s name=%s", kind, obj["metadata"]["namespace"], name)
+            return True, []
+        except AlreadyExists:
+            existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
+            if existing is None or is_controlled_by(existing, obs.job["metadata"]["uid"]):
+                return False, []
+            return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
+
+    def act_children(self, obs: Observed, spec: JobSpec, plan: Plan) -> None:
+        ns, name = spec.namespace, spec.name
+        owner = Owner(naming.JOB_KIND, name, spec.uid)
+        # 4. host list before any pod is deleted.
+        if plan.hosts is not None and obs.configmap is not None:
+            data = config.config_data(name, ns, plan.hosts, spec.slots_per_worker)
+            if (obs.configmap.get("data") or {}) != data:
+                self.kube.patch("ConfigMap", ns, naming.config_map_name(name), {"data": data})
+                metrics.HOST_UPDATES.inc()
+                log.info(
+                    "Updated host list namespace=%s job=%s hosts=%s", ns, name, ",".join(plan.hosts)
+                )
+        by_name = {p["metadata"]["name"]: p for p in obs.pods}
+        for pod_name in plan.delete_pods:
+            pod = by_name.get(pod_name)
+            if self.kube.delete("Pod", ns, pod_name, (pod or {}).get("metadata", {}).get("uid")):
+                log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
+        secret = spec.ssh_secret or naming.secret_name(name)
+        # Only pod builders need it, and for a user's Secret it costs a GET: ask when building.
+        keys = (
+            self._secret_keys(spec, secret)
+            if plan.create_workers or plan.create_launcher
+            else ssh.OWN_KEYS
+        )
+        problems: list[str] = []
+        existing_services = {s["metadata"]["name"]: s for s in obs.services}
+        for svc_name in plan.services:
+            if svc_name not in existing_services:
+                windex = naming.worker_index(name, svc_name)
+                if windex is not None:
+                    problems += self.ensure(obs, pods.worker_service(spec, owner, windex))
+        for svc_name, svc in existing_services.items():
+            if svc_name not in plan.services:
+                self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
+        squatted = []
+        for index in plan.create_workers:
+            found = self.ensure(obs, pods.worker_pod(spec, owner, index, secret, keys))
+            squatted += [naming.worker_name(name, index)] if found else []
+            problems += found
+        if plan.create_launcher:
+            launcher = pods.launcher_pod(
+                spec, owner, secret, keys, int(plan.status.get("restartCount", 0))
+            )
+            problems += self.ensure(obs, launcher)
+        for wanted in plan.create_scalers:
+            problems += self.make_replicas_scaler(obs, spec, owner, wanted)
+        # Said on the job by the next pass (one status write per pass).
+        key = job_key(spec.namespace, spec.name, spec.uid)
+        self._act_problems[key] = problems
+        self._squatted[key] = squatted
+
+    def make_replicas_scaler(
+        self, obs: Observed, spec: JobSpec, owner: Owner, wanted: dict[str, Any]
+    ) -> list[str]:
+        body = scalers.replicas_scaler(spec.namespace, owner, wanted)
+        try:
+            self.kube.create(body)
+        except AlreadyExists:
+            existing = self.kube.get(wanted["kind"], spec.namespace, wanted["name"])
+            if existing is None or scalers.is_replicas_scaler(
+                existing, spec.uid, wanted["generation"]
+            ):
+                return []
+            return [
+                f"{wanted['kind']} {wanted['name']} exists and was not made by the operator; "
+                f"`kubectl scale` to {spec.worker.replicas} waits until it is renamed or deleted"
+            ]
+        message = (
+            f"replicas set to {spec.worker.replicas}: created {wanted['kind']} {wanted['name']}"
+        )
+        self.kube.event(obs.job, "Normal", "ReplicasChanged", message, self.clock())
+        return []
+
+    def _secret_keys(self, spec: JobSpec, secret_name: str) -> frozenset[str]:
+        if not spec.ssh_secret:
+            return ssh.OWN_KEYS
+        return frozenset((self._user_secret(spec) or {}).get("data") or {})

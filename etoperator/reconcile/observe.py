@@ -1,0 +1,238 @@
+"""Observe: pods and scalers as the planner sees them, with SSH readiness and drain checks."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import copy
+import dataclasses
+import logging
+from typing import Any
+
+import paramiko
+
+from etoperator import naming
+from etoperator.api.models import (
+    InvalidSpec,
+    JobSpec,
+    ScalerSpec,
+    parse_job,
+    parse_scaler,
+)
+from etoperator.builders import config, ssh
+from etoperator.builders.common import is_controlled_by
+from etoperator.cache import Observed
+from etoperator.planning import PodView, ScalerView
+from etoperator.reconcile.state import State, job_key, ref
+from etoperator.sshcheck import SSHUnavailable, busy_script, load_key
+
+log = logging.getLogger(__name__)
+
+
+def _container_exit(pod: dict[str, Any]) -> tuple[int | None, str]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return term.get("exitCode"), str(term.get("reason") or "")
+    return None, ""
+
+
+def _leaving(pod: dict[str, Any], tainted_nodes: set[str]) -> str:
+    """Why this pod is about to be taken away, or '' when nothing says so."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f"DisruptionTarget: {cond.get('reason') or 'disruption'}"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node and node in tainted_nodes:
+        return f"node {node} is tainted for termination"
+    return ""
+
+
+def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
+    """A scaler as the planner sees it; `owned` is control by that job (any job when None)."""
+    try:
+        spec: ScalerSpec | None = parse_scaler(body["kind"], body)
+        error = None
+    except InvalidSpec as exc:
+        spec, error = None, str(exc)
+    refs = body["metadata"].get("ownerReferences") or []
+    made = (body["metadata"].get("annotations") or {}).get(naming.ANN_SCALE_GENERATION, "")
+    return ScalerView(
+        kind=body["kind"],
+        name=body["metadata"]["name"],
+        created=body["metadata"].get("creationTimestamp", ""),
+        spec=spec,
+        error=error,
+        status=copy.deepcopy(body.get("status") or {}),
+        owned=is_controlled_by(body, job_uid)
+        if job_uid
+        else any(r.get("controller") for r in refs),
+        made_for=int(made) if made.isdigit() else None,
+    )
+
+
+def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[PodView]:
+    """Pure: each pod's role, index, phase, exit and notices; readiness is settled later."""
+    views = []
+    for p in pods:
+        meta, pst = p["metadata"], p.get("status") or {}
+        role = (meta.get("labels") or {}).get(naming.LABEL_ROLE, "")
+        worker = role == naming.ROLE_WORKER
+        code, term_reason = _container_exit(p)
+        run = (meta.get("annotations") or {}).get(naming.ANN_RUN)
+        views.append(
+            PodView(
+                name=meta["name"],
+                role=role,
+                index=naming.worker_index(job, meta["name"]) if worker else None,
+                phase=pst.get("phase") or "Pending",
+                deleting=bool(meta.get("deletionTimestamp")),
+                exit_code=code,
+                reason=str(pst.get("reason") or term_reason),
+                run=int(run) if run is not None and str(run).isdigit() else None,
+                leaving=_leaving(p, tainted) if worker else "",
+            )
+        )
+    return views
+
+
+def scale_in_victims(status: dict[str, Any], scalers: list[dict[str, Any]]) -> set[str]:
+    """The pods the running ScaleIn (if any) removes."""
+    ref = naming.parse_scaler_ref(str(status.get("currentScaler") or ""))
+    if not ref or ref[0] != naming.SCALEIN_KIND:
+        return set()
+    for s in scalers:
+        if s["kind"] == ref[0] and s["metadata"]["name"] == ref[2]:
+            return set((s.get("status") or {}).get("toDeletePods") or [])
+    return set()
+
+
+def probes_wanted(
+    views: list[PodView], hosts: set[str], published: set[str], victims: set[str], key: bool
+) -> dict[str, str]:
+    """Pure: which running workers to ask what. A draining one (a ScaleIn victim or noticed for
+    preemption) once Horovod can no longer see it: has Horovod left it? A new one (not yet a
+    host): does its sshd take the job's key?"""
+    wanted = {}
+    for v in views:
+        if v.role != naming.ROLE_WORKER or v.phase != "Running" or v.deleting:
+            continue
+        if v.name in victims or v.leaving:
+            if v.name not in published:
+                wanted[v.name] = "drain"
+        elif v.name not in hosts and key:
+            wanted[v.name] = "ready"
+    return wanted
+
+
+def settle(
+    v: PodView, results: dict[str, bool | None], hosts: set[str], victims: set[str], ssh: bool
+) -> PodView:
+    """Pure: readiness and drain state from the probes' answers."""
+    running = v.phase == "Running" and not v.deleting
+    draining = v.name in victims or bool(v.leaving)
+    busy = results.get(v.name) if draining else None
+    if v.role != naming.ROLE_WORKER or not ssh or v.name in hosts:
+        ready = running and not draining
+    else:  # a new worker: ready once its sshd accepts the job's key
+        ready = running and not draining and bool(results.get(v.name))
+    return dataclasses.replace(v, ready=ready, busy=busy)
+
+
+class Observing(State):
+    def parse(self, obs: Observed) -> Observed:
+        try:
+            obs.spec, obs.error = parse_job(obs.job, self.max_workers), None
+        except InvalidSpec as exc:
+            obs.spec, obs.error = None, str(exc)
+        return obs
+
+    def stale(self, obs: Observed) -> bool:
+        """The cache still shows an object as it was before one of our writes: wait for the
+        watch to bring the write (acting on it would only meet a 409)."""
+        stale = False
+        for body in (obs.job, *obs.scalers):
+            old = self._superseded.get(ref(body))
+            if old is None:
+                continue
+            if body["metadata"].get("resourceVersion") in old:
+                stale = True
+            else:
+                self._superseded.pop(ref(body))  # the cache has caught up
+        return stale
+
+    def wrote(self, before: dict[str, Any]) -> None:
+        """`before` was replaced by a write of ours: until the cache moves past it (and any
+        version between our writes), it is stale."""
+        old = self._superseded.setdefault(ref(before), set())
+        old.add(before["metadata"]["resourceVersion"])
+
+    def _key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
+        cache_key = f"{job_key(job.namespace, job.name, job.uid)}/{secret_name}"
+        if cache_key not in self._keys:
+            secret = self._user_secret(job) if job.ssh_secret else obs.secret
+            raw = ((secret or {}).get("data") or {}).get(ssh.PRIVATE_KEY)
+            if not raw:
+                return None
+            try:
+                text = base64.b64decode(raw).decode()
+                self._keys[cache_key] = load_key(text)
+                self._key_texts[cache_key] = text
+            except (SSHUnavailable, ValueError):
+                return None
+        return self._keys[cache_key]
+
+    def pod_views(self, obs: Observed) -> list[PodView]:
+        """Pods as the planner sees them, with SSH readiness and drain checks filled in."""
+        assert obs.spec is not None or obs.error
+        status = obs.job.get("status") or {}
+        views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
+        victims = scale_in_victims(status, obs.scalers)
+        key = None
+        if obs.spec is not None and self.ssh_checks:
+            secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
+            key = self._key(obs, obs.spec, secret)
+        wanted = probes_wanted(
+            views,
+            set(status.get("currentWorkers") or []),
+            set(config.hosts_of((obs.configmap or {}).get("data"))),
+            victims,
+            key is not None,
+        )
+        ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in obs.pods}
+        results = self.run_probes(obs.spec, wanted, ips, key)
+        hosts = set(status.get("currentWorkers") or [])
+        return [settle(v, results, hosts, victims, self.ssh_checks) for v in views]
+
+    def run_probes(
+        self,
+        spec: JobSpec | None,
+        wanted: dict[str, str],
+        ips: dict[str, str | None],
+        key: paramiko.PKey | None,
+    ) -> dict[str, bool | None]:
+        """The SSH checks, in parallel: "ready" (sshd takes the key) or "drain" (Horovod left)."""
+        futures: dict[str, concurrent.futures.Future[bool | None]] = {}
+        for name, what in wanted.items():
+            ip = ips.get(name)
+            if what == "drain":
+                futures[name] = self.probe_pool.submit(self.horovod_on, spec, name, ip, key)
+            elif key is not None and ip:
+                futures[name] = self.probe_pool.submit(self.prober.ready, ip, key)
+        return {name: f.result() for name, f in futures.items()}
+
+    def horovod_on(
+        self, spec: JobSpec | None, pod: str, ip: str | None, key: paramiko.PKey | None
+    ) -> bool | None:
+        """Does a Horovod process still run on `pod`? Over SSH, or through pods/exec when the
+        operator has no network path to pods; None when it cannot tell."""
+        if key is not None and ip:
+            return self.prober.horovod_running(ip, key, pod)
+        if self.ssh_checks or spec is None:
+            return None
+        code, out = self.kube.exec_in_pod(spec.namespace, pod, ["sh", "-c", busy_script(pod)], 10)
+        return out.strip() == "busy" if code == 0 else None
+
+    @staticmethod
+    def scaler_views(obs: Observed) -> list[ScalerView]:
+        return [scaler_view(s, obs.job["metadata"]["uid"]) for s in obs.scalers]

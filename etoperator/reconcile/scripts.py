@@ -1,0 +1,67 @@
+"""Scaler scripts: run on the launcher off the reconcile path, the outcome on the scaler."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.cache import Observed
+from etoperator.planning import Plan
+from etoperator.reconcile.state import State, job_key
+
+log = logging.getLogger(__name__)
+
+
+class Scripts(State):
+    def run_scripts(self, obs: Observed, plan: Plan) -> None:
+        """Scaler scripts, on the launcher, off the reconcile path: the job keeps being looked
+        after while one runs, and its scaler waits for the ScriptExecuted condition."""
+        meta = obs.job["metadata"]
+        for key, argv, timeout in plan.run_scripts:
+            run = f"{job_key(meta['namespace'], meta['name'], meta['uid'])}/{key[0]}/{key[1]}"
+            with self._lock:
+                if run in self._scripts:
+                    continue  # still running from an earlier pass
+                self._scripts[run] = self.script_pool.submit(
+                    self.run_script, meta["namespace"], meta["name"], key, argv, timeout, run
+                )
+
+    def run_script(
+        self, ns: str, job: str, key: tuple[str, str], argv: list[str], timeout: int, run: str
+    ) -> None:
+        """The outcome becomes the scaler's ScriptExecuted condition; writing it wakes the job."""
+        try:
+            code, output = self.kube.exec_in_pod(ns, naming.launcher_name(job), argv, timeout + 5)
+            log.info("Scaler script ran namespace=%s scaler=%s exit_code=%s", ns, key[1], code)
+            log.debug(
+                "Scaler script output namespace=%s scaler=%s output=%r", ns, key[1], output[-2000:]
+            )
+            scaler = self.kube.get(key[0], ns, key[1])
+            if scaler is not None:
+                self.report_script(scaler, code, naming.launcher_name(job))
+        except Exception:  # a lost launcher or a refused write: the next pass asks again
+            log.exception("Scaler script failed to run namespace=%s scaler=%s", ns, key[1])
+        finally:
+            with self._lock:
+                self._scripts.pop(run, None)
+
+    def report_script(self, scaler: dict[str, Any], code: int | None, launcher: str) -> None:
+        ok = code == 0
+        msg = f"script exited {code} on {launcher}"
+        meta = scaler["metadata"]
+        conds, _ = st.set_condition(
+            (scaler.get("status") or {}).get("conditions") or [],
+            "ScriptExecuted",
+            "True" if ok else "False",
+            "ScriptSucceeded" if ok else "ScriptFailed",
+            msg,
+            self.now(),
+        )
+        self.kube.patch(
+            scaler["kind"], meta["namespace"], meta["name"], {"status": {"conditions": conds}},
+            sub="status",
+        )  # fmt: skip
+        reason = "ScriptSucceeded" if ok else "ScriptFailed"
+        self.kube.event(scaler, "Normal" if ok else "Warning", reason, msg, self.clock())

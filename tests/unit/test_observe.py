@@ -1,0 +1,57 @@
+"""The observing half of a pass, without an API server: pods -> views -> probes -> readiness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etoperator.reconcile.observe import classify, probes_wanted, scale_in_victims, settle
+
+
+def pod(name: str, phase: str = "Running", role: str = "worker", **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"training-job-role": role}, **meta},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": phase, "podIP": "10.0.0.1"},
+    }
+
+
+def test_classify_reads_roles_runs_and_notices() -> None:
+    pods = [
+        pod("j-worker-3"),
+        pod(
+            "j-launcher", role="launcher", annotations={"etoperator.kai.alibabacloud.com/run": "2"}
+        ),
+        pod("j-worker-4", deletionTimestamp="2026-01-01T00:00:00Z"),
+    ]
+    w3, launcher, w4 = classify("j", pods, {"n1"})
+    assert w3.index == 3 and w3.leaving == "node n1 is tainted for termination"
+    assert launcher.index is None and launcher.leaving == ""
+    assert w4.deleting and not w4.ready
+
+
+def test_probes_ask_new_workers_for_readiness_and_drained_victims_for_horovod() -> None:
+    views = classify("j", [pod("j-worker-0"), pod("j-worker-1"), pod("j-worker-2")], set())
+    wanted = probes_wanted(
+        views, {"j-worker-0", "j-worker-1"}, {"j-worker-0"}, {"j-worker-1"}, True
+    )
+    assert wanted == {"j-worker-1": "drain", "j-worker-2": "ready"}
+    # Without the job's key nothing can be asked about readiness; a victim still in the list
+    # is not asked yet (Horovod can still see it).
+    published = {"j-worker-0", "j-worker-1"}
+    assert probes_wanted(views, {"j-worker-0"}, published, {"j-worker-1"}, False) == {}
+
+
+def test_settle_gates_new_workers_on_their_answer() -> None:
+    new, host = classify("j", [pod("j-worker-2"), pod("j-worker-0")], set())
+    assert not settle(new, {}, {"j-worker-0"}, set(), ssh=True).ready
+    assert settle(new, {"j-worker-2": True}, {"j-worker-0"}, set(), ssh=True).ready
+    assert settle(new, {}, {"j-worker-0"}, set(), ssh=False).ready  # no SSH checks: Running
+    assert settle(host, {}, {"j-worker-0"}, set(), ssh=True).ready
+    victim = settle(host, {"j-worker-0": False}, {"j-worker-0"}, {"j-worker-0"}, ssh=True)
+    assert not victim.ready and victim.busy is False
+
+
+def test_victims_are_those_of_the_running_scale_in() -> None:
+    scaler = {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}
+    assert scale_in_victims({"currentScaler": "ScaleIn:ns/cut"}, [scaler]) == {"a"}
+    assert scale_in_victims({"currentScaler": "ScaleOut:ns/cut"}, [scaler]) == set()
