@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from etoperator.api.models import DEFAULT_MAX_WORKERS, MAX_WORKERS
+from etoperator.api.fields import DEFAULT_MAX_WORKERS, MAX_WORKERS
 
 # Taints that cloud providers and node-termination handlers put on a node about to go away.
 DEFAULT_PREEMPTION_TAINTS = (

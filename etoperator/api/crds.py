@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from etoperator import naming
-from etoperator.api import models
+from etoperator.api import fields as f
 
 Schema = dict[str, Any]
 
@@ -34,13 +34,6 @@ def _int(
         s["default"] = default
     if desc:
         s["description"] = desc
-    return s
-
-
-def _enum(values: tuple[str, ...], default: str | None, desc: str) -> Schema:
-    s: Schema = {"type": "string", "enum": list(values), "description": desc}
-    if default is not None:
-        s["default"] = default
     return s
 
 
@@ -162,19 +155,10 @@ def trainingjob_schema() -> Schema:
         "required": ["template"],
         "x-kubernetes-validations": _WORKER_CEL,
         "properties": {
-            "replicas": _int(1, 1, "initial and desired worker count", models.MAX_WORKERS),
-            "minReplicas": _int(
-                1, None, "fewest workers scaling may leave (default 1)", models.MAX_WORKERS
-            ),
-            "maxReplicas": _int(
-                1,
-                None,
-                "most workers scaling may reach (default: the operator's limit)",
-                models.MAX_WORKERS,
-            ),
-            "restartPolicy": _enum(
-                models.WORKER_RESTART_POLICIES, None, "replace a failed worker? (default Never)"
-            ),
+            "replicas": f.REPLICAS.schema(),
+            "minReplicas": f.MIN_REPLICAS.schema(),
+            "maxReplicas": f.MAX_REPLICAS.schema(),
+            "restartPolicy": f.WORKER_RESTART.schema(with_default=False),
             "template": _pod_template("PodTemplateSpec of a worker"),
         },
     }
@@ -182,12 +166,8 @@ def trainingjob_schema() -> Schema:
         "type": "object",
         "required": ["template"],
         "properties": {
-            "replicas": {**_int(1, 1, "always 1"), "maximum": 1},
-            "restartPolicy": _enum(
-                models.WORKER_RESTART_POLICIES,
-                None,
-                "Always or OnFailure recreate a lost launcher (default Never: the job fails)",
-            ),
+            "replicas": f.LAUNCHER_REPLICAS.schema(),
+            "restartPolicy": f.LAUNCHER_RESTART.schema(with_default=False),
             "template": _pod_template("PodTemplateSpec of the launcher"),
         },
     }
@@ -200,15 +180,11 @@ def trainingjob_schema() -> Schema:
                 "required": ["launcher", "worker"],
                 "properties": {"launcher": launcher, "worker": worker},
             },
-            "slotsPerWorker": _int(
-                1, None, "slots per host (default: GPU limit, else 1)", models.MAX_SLOTS
-            ),
-            "cleanPodPolicy": _enum(models.CLEAN_POD_POLICIES, "Running", "pods to delete at end"),
-            "restartPolicy": _enum(models.JOB_RESTART_POLICIES, "Never", "restart a failed job?"),
-            "backoffLimit": _int(0, models.DEFAULT_BACKOFF_LIMIT, "most whole-job restarts"),
-            "launcherAttachMode": _enum(
-                models.ATTACH_MODES, "ssh", "how the launcher reaches workers"
-            ),
+            "slotsPerWorker": f.SLOTS.schema(),
+            "cleanPodPolicy": f.CLEAN_POD.schema(),
+            "restartPolicy": f.JOB_RESTART.schema(),
+            "backoffLimit": f.BACKOFF.schema(),
+            "launcherAttachMode": f.ATTACH.schema(),
         },
     }
     status = _common_status(
@@ -240,9 +216,7 @@ def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
                 "required": ["name"],
                 "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 63}},
             },
-            "timeout": _int(
-                1, models.DEFAULT_TIMEOUT, "seconds the scale may take", models.MAX_TIMEOUT
-            ),
+            "timeout": f.TIMEOUT.schema(),
             "script": {
                 "type": "string",
                 "description": "absolute path of a script in the launcher",
@@ -255,7 +229,7 @@ def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
                     "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
                 },
             },
-            "backoffLimit": _int(0, None, "accepted for compatibility; unused"),
+            "backoffLimit": f.SCALER_BACKOFF.schema(),
             **extra,
         },
     }
@@ -267,7 +241,7 @@ def scaleout_schema() -> Schema:
             "toAdd": {
                 "type": "object",
                 "required": ["count"],
-                "properties": {"count": _int(1, None, "workers to add", models.MAX_WORKERS)},
+                "properties": {"count": f.ADD_COUNT.schema()},
             }
         },
         ["toAdd"],
@@ -290,13 +264,11 @@ def scalein_schema() -> Schema:
                     }
                 ],
                 "properties": {
-                    "count": _int(
-                        1, None, "workers to remove, highest indices first", models.MAX_WORKERS
-                    ),
+                    "count": f.DELETE_COUNT.schema(),
                     "podNames": {
                         "type": "array",
                         "minItems": 1,
-                        "maxItems": models.MAX_WORKERS,
+                        "maxItems": f.MAX_WORKERS,
                         "items": {"type": "string", "maxLength": 253},
                     },
                 },

@@ -13,54 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etoperator import naming
+from etoperator.api import fields as f
+from etoperator.api.fields import (  # re-exported: the names the rest of the code uses
+    DEFAULT_MAX_WORKERS,
+    MAX_SLOTS,
+    MAX_WORKERS,
+    InvalidSpec,
+)
 
-WORKER_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
-JOB_RESTART_POLICIES = ("Never", "OnFailure")
-CLEAN_POD_POLICIES = ("All", "Running", "None")
-ATTACH_MODES = ("ssh",)
-DEFAULT_TIMEOUT = 60
-# A scale waits at most a day: longer overflows timers (a ScaleOut waiting on capacity should
-# fail and be retried, not hold the job's scaler queue for weeks).
-MAX_TIMEOUT = 86_400
-DEFAULT_BACKOFF_LIMIT = 6
-# Workers per job: the schema's ceiling, and the operator's default limit below it
-# (ETOPERATOR_MAX_WORKERS / --max-workers). Names, Services and host lists grow with it.
-MAX_WORKERS = 10_000
-DEFAULT_MAX_WORKERS = 1_000
-MAX_SLOTS = 1_024  # slots (processes) per worker
 RESERVED_VOLUMES = (naming.SSH_VOLUME, naming.CONFIG_VOLUME)
 RESERVED_MOUNTS = (naming.SSH_MOUNT, naming.CONFIG_MOUNT)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class InvalidSpec(ValueError):
-    """A spec the operator cannot run; the message is shown to the user as-is."""
-
-
-def _int(
-    value: Any,
-    what: str,
-    default: int | None,
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> int | None:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSpec(f"{what} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise InvalidSpec(f"{what} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InvalidSpec(f"{what} must be at most {maximum}, got {value}")
-    return value
-
-
-def _choice(value: Any, what: str, allowed: tuple[str, ...], default: str) -> str:
-    if value is None:
-        return default
-    if value not in allowed:
-        raise InvalidSpec(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
-    return str(value)
 
 
 def _dict(value: Any, what: str) -> dict[str, Any]:
@@ -213,9 +176,9 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
     launcher = _dict(replica_specs["launcher"], "spec.etReplicaSpecs.launcher")
     worker = _dict(replica_specs["worker"], "spec.etReplicaSpecs.worker")
     wpath = "spec.etReplicaSpecs.worker"
-    replicas = _int(worker.get("replicas"), f"{wpath}.replicas", 1, 1, MAX_WORKERS)
-    min_r = _int(worker.get("minReplicas"), f"{wpath}.minReplicas", 1, 1, MAX_WORKERS)
-    max_r = _int(worker.get("maxReplicas"), f"{wpath}.maxReplicas", None, 1, MAX_WORKERS)
+    replicas = f.REPLICAS.parse(worker.get("replicas"))
+    min_r = f.MIN_REPLICAS.parse(worker.get("minReplicas")) or 1
+    max_r = f.MAX_REPLICAS.parse(worker.get("maxReplicas"))
     assert replicas is not None and min_r is not None
     for field_name, value in (("replicas", replicas), ("minReplicas", min_r)):
         if value > max_workers:
@@ -227,21 +190,19 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         raise InvalidSpec(f"{wpath}.minReplicas ({min_r}) is above replicas ({replicas})")
     if max_r is not None and replicas > max_r:
         raise InvalidSpec(f"{wpath}.replicas ({replicas}) is above maxReplicas ({max_r})")
-    lreplicas = _int(launcher.get("replicas"), "spec.etReplicaSpecs.launcher.replicas", 1, 1)
-    if lreplicas != 1:
-        raise InvalidSpec(f"spec.etReplicaSpecs.launcher.replicas must be 1, got {lreplicas}")
+    f.LAUNCHER_REPLICAS.parse(launcher.get("replicas"))
     wtemplate = _template(worker.get("template"), f"{wpath}.template")
     ltemplate = _template(launcher.get("template"), "spec.etReplicaSpecs.launcher.template")
-    slots = _int(spec.get("slotsPerWorker"), "spec.slotsPerWorker", None, 1, MAX_SLOTS)
+    slots = f.SLOTS.parse(spec.get("slotsPerWorker"))
     gpus = _gpu_limit(wtemplate, f"{wpath}.template")
     if slots is None:
         slots = gpus or 1
-    _choice(spec.get("launcherAttachMode"), "spec.launcherAttachMode", ATTACH_MODES, "ssh")
+    f.ATTACH.parse(spec.get("launcherAttachMode"))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     ssh_secret = annotations.get(naming.ANN_SSH_SECRET) or None
     if ssh_secret is not None and not naming.is_dns1123_subdomain(ssh_secret):
         raise InvalidSpec(f"annotation {naming.ANN_SSH_SECRET} names no valid Secret")
-    backoff = _int(spec.get("backoffLimit"), "spec.backoffLimit", DEFAULT_BACKOFF_LIMIT, 0)
+    backoff = f.BACKOFF.parse(spec.get("backoffLimit"))
     assert backoff is not None
     return JobSpec(
         name=name,
@@ -249,12 +210,7 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         uid=meta.get("uid", ""),
         launcher=LauncherSpec(
             template=ltemplate,
-            restart_policy=_choice(
-                launcher.get("restartPolicy"),
-                "spec.etReplicaSpecs.launcher.restartPolicy",
-                WORKER_RESTART_POLICIES,
-                "Never",
-            ),
+            restart_policy=f.LAUNCHER_RESTART.parse(launcher.get("restartPolicy")),
         ),
         worker=WorkerSpec(
             template=wtemplate,
@@ -262,20 +218,11 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
             min_replicas=min_r,
             max_replicas=max_r,
             limit=max_workers,
-            restart_policy=_choice(
-                worker.get("restartPolicy"),
-                f"{wpath}.restartPolicy",
-                WORKER_RESTART_POLICIES,
-                "Never",
-            ),
+            restart_policy=f.WORKER_RESTART.parse(worker.get("restartPolicy")),
         ),
         slots_per_worker=slots,
-        clean_pod_policy=_choice(
-            spec.get("cleanPodPolicy"), "spec.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"
-        ),
-        restart_policy=_choice(
-            spec.get("restartPolicy"), "spec.restartPolicy", JOB_RESTART_POLICIES, "Never"
-        ),
+        clean_pod_policy=f.CLEAN_POD.parse(spec.get("cleanPodPolicy")),
+        restart_policy=f.JOB_RESTART.parse(spec.get("restartPolicy")),
         backoff_limit=backoff,
         suspended=annotations.get(naming.ANN_SUSPENDED, "").lower() == "true",
         ssh_secret=ssh_secret,
@@ -307,7 +254,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         raise InvalidSpec("spec.selector.name must name a TrainingJob")
     if not naming.is_dns1123_label(job):
         raise InvalidSpec(f"spec.selector.name {job!r} is not a valid TrainingJob name")
-    timeout = _int(spec.get("timeout"), "spec.timeout", DEFAULT_TIMEOUT, 1, MAX_TIMEOUT)
+    timeout = f.TIMEOUT.parse(spec.get("timeout"))
     assert timeout is not None
     script = spec.get("script")
     if script is not None and (not isinstance(script, str) or not script.startswith("/")):
@@ -323,7 +270,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
     pod_names: tuple[str, ...] | None = None
     if kind == naming.SCALEOUT_KIND:
         to_add = _dict(spec.get("toAdd"), "spec.toAdd")
-        count = _int(to_add.get("count"), "spec.toAdd.count", None, 1, MAX_WORKERS)
+        count = f.ADD_COUNT.parse(to_add.get("count"))
         if count is None:
             raise InvalidSpec("spec.toAdd.count is required and must be at least 1")
     else:
@@ -335,7 +282,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         if has_count == has_names:
             raise InvalidSpec("spec.toDelete needs exactly one of count and podNames")
         if has_count:
-            count = _int(to_delete.get("count"), "spec.toDelete.count", None, 1, MAX_WORKERS)
+            count = f.DELETE_COUNT.parse(to_delete.get("count"))
         else:
             names = to_delete.get("podNames")
             if not isinstance(names, list) or not names or len(names) > MAX_WORKERS:

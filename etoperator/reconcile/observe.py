@@ -12,8 +12,8 @@ from typing import Any
 import paramiko
 
 from etoperator import naming
+from etoperator.api.fields import InvalidSpec
 from etoperator.api.models import (
-    InvalidSpec,
     JobSpec,
     ScalerSpec,
     parse_job,

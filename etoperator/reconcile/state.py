@@ -14,8 +14,8 @@ from typing import Any
 import paramiko
 
 from etoperator import naming
+from etoperator.api.fields import DEFAULT_MAX_WORKERS
 from etoperator.api.models import (
-    DEFAULT_MAX_WORKERS,
     JobSpec,
 )
 from etoperator.clock import iso, utcnow

@@ -3,7 +3,11 @@ validated by the real API server: tests/integration/test_schema_examples.py)."""
 
 from __future__ import annotations
 
-from etoperator.api import crds
+from typing import Any
+
+import pytest
+
+from etoperator.api import crds, fields
 from tests.harness import ROOT
 
 
@@ -33,3 +37,35 @@ def test_crds_are_structural_with_status_and_columns() -> None:
         ["so"],
         ["si"],
     ]
+
+
+def _at(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    node = schema
+    for part in path.split("."):
+        node = node["properties"][part]
+    return node
+
+
+JOB_FIELDS = [
+    fields.REPLICAS, fields.MIN_REPLICAS, fields.MAX_REPLICAS, fields.LAUNCHER_REPLICAS,
+    fields.SLOTS, fields.CLEAN_POD, fields.JOB_RESTART, fields.BACKOFF, fields.ATTACH,
+]  # fmt: skip
+SCALER_FIELDS = [fields.TIMEOUT, fields.SCALER_BACKOFF]
+
+
+@pytest.mark.parametrize("field", [*JOB_FIELDS, *SCALER_FIELDS], ids=lambda f: f.path)
+def test_schema_and_parsing_come_from_one_field_table(field: fields.Int | fields.Enum) -> None:
+    kind = "trainingjobs.yaml" if field in JOB_FIELDS else "scaleouts.yaml"
+    crd = crds.all_crds()[kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    in_schema = _at(crd, field.path)
+    assert {k: v for k, v in in_schema.items() if k != "default"} == {
+        k: v for k, v in field.schema().items() if k != "default"
+    }
+    assert in_schema.get("default") in (None, field.default)
+    bad = (
+        (field.maximum + 1 if field.maximum is not None else -1)
+        if isinstance(field, fields.Int)
+        else "nonsense"
+    )
+    with pytest.raises(fields.InvalidSpec, match=field.path.replace(".", r"\.")):
+        field.parse(bad)

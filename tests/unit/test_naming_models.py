@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from etoperator import naming
-from etoperator.api.models import InvalidSpec, parse_job, parse_scaler
+from etoperator.api.fields import InvalidSpec
+from etoperator.api.models import parse_job, parse_scaler
 from tests.support.manifests import job, scalein, scaleout
 
 
