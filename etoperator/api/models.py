@@ -173,61 +173,80 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
     replica_specs = _dict(spec.get("etReplicaSpecs"), "spec.etReplicaSpecs")
     if "launcher" not in replica_specs or "worker" not in replica_specs:
         raise InvalidSpec("spec.etReplicaSpecs needs both launcher and worker")
-    launcher = _dict(replica_specs["launcher"], "spec.etReplicaSpecs.launcher")
-    worker = _dict(replica_specs["worker"], "spec.etReplicaSpecs.worker")
-    wpath = "spec.etReplicaSpecs.worker"
-    replicas = f.REPLICAS.parse(worker.get("replicas"))
-    min_r = f.MIN_REPLICAS.parse(worker.get("minReplicas")) or 1
-    max_r = f.MAX_REPLICAS.parse(worker.get("maxReplicas"))
-    assert replicas is not None and min_r is not None
-    for field_name, value in (("replicas", replicas), ("minReplicas", min_r)):
-        if value > max_workers:
-            raise InvalidSpec(
-                f"{wpath}.{field_name} ({value}) is above this operator's limit of {max_workers} "
-                "workers per job (ETOPERATOR_MAX_WORKERS)"
-            )
-    if min_r > replicas:
-        raise InvalidSpec(f"{wpath}.minReplicas ({min_r}) is above replicas ({replicas})")
-    if max_r is not None and replicas > max_r:
-        raise InvalidSpec(f"{wpath}.replicas ({replicas}) is above maxReplicas ({max_r})")
-    f.LAUNCHER_REPLICAS.parse(launcher.get("replicas"))
-    wtemplate = _template(worker.get("template"), f"{wpath}.template")
-    ltemplate = _template(launcher.get("template"), "spec.etReplicaSpecs.launcher.template")
+    worker = _worker(_dict(replica_specs["worker"], f.W), max_workers)
+    launcher = _launcher(_dict(replica_specs["launcher"], f.L))
     slots = f.SLOTS.parse(spec.get("slotsPerWorker"))
-    gpus = _gpu_limit(wtemplate, f"{wpath}.template")
-    if slots is None:
-        slots = gpus or 1
+    gpus = _gpu_limit(worker.template, f"{f.W}.template")
     f.ATTACH.parse(spec.get("launcherAttachMode"))
     annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
     ssh_secret = annotations.get(naming.ANN_SSH_SECRET) or None
     if ssh_secret is not None and not naming.is_dns1123_subdomain(ssh_secret):
         raise InvalidSpec(f"annotation {naming.ANN_SSH_SECRET} names no valid Secret")
-    backoff = f.BACKOFF.parse(spec.get("backoffLimit"))
-    assert backoff is not None
     return JobSpec(
         name=name,
         namespace=meta.get("namespace", "default"),
         uid=meta.get("uid", ""),
-        launcher=LauncherSpec(
-            template=ltemplate,
-            restart_policy=f.LAUNCHER_RESTART.parse(launcher.get("restartPolicy")),
-        ),
-        worker=WorkerSpec(
-            template=wtemplate,
-            replicas=replicas,
-            min_replicas=min_r,
-            max_replicas=max_r,
-            limit=max_workers,
-            restart_policy=f.WORKER_RESTART.parse(worker.get("restartPolicy")),
-        ),
-        slots_per_worker=slots,
+        launcher=launcher,
+        worker=worker,
+        slots_per_worker=slots if slots is not None else gpus or 1,
         clean_pod_policy=f.CLEAN_POD.parse(spec.get("cleanPodPolicy")),
         restart_policy=f.JOB_RESTART.parse(spec.get("restartPolicy")),
-        backoff_limit=backoff,
+        backoff_limit=f.BACKOFF.parse(spec.get("backoffLimit")) or 0,
         suspended=annotations.get(naming.ANN_SUSPENDED, "").lower() == "true",
         ssh_secret=ssh_secret,
         annotations=annotations,
     )
+
+
+def _worker(worker: dict[str, Any], max_workers: int) -> WorkerSpec:
+    replicas = f.REPLICAS.parse(worker.get("replicas")) or 1
+    min_r = f.MIN_REPLICAS.parse(worker.get("minReplicas")) or 1
+    max_r = f.MAX_REPLICAS.parse(worker.get("maxReplicas"))
+    for field_name, value in (("replicas", replicas), ("minReplicas", min_r)):
+        if value > max_workers:
+            raise InvalidSpec(
+                f"{f.W}.{field_name} ({value}) is above this operator's limit of {max_workers} "
+                "workers per job (ETOPERATOR_MAX_WORKERS)"
+            )
+    if min_r > replicas:
+        raise InvalidSpec(f"{f.W}.minReplicas ({min_r}) is above replicas ({replicas})")
+    if max_r is not None and replicas > max_r:
+        raise InvalidSpec(f"{f.W}.replicas ({replicas}) is above maxReplicas ({max_r})")
+    return WorkerSpec(
+        template=_template(worker.get("template"), f"{f.W}.template"),
+        replicas=replicas,
+        min_replicas=min_r,
+        max_replicas=max_r,
+        limit=max_workers,
+        restart_policy=f.WORKER_RESTART.parse(worker.get("restartPolicy")),
+    )
+
+
+def _launcher(launcher: dict[str, Any]) -> LauncherSpec:
+    f.LAUNCHER_REPLICAS.parse(launcher.get("replicas"))
+    return LauncherSpec(
+        template=_template(launcher.get("template"), f"{f.L}.template"),
+        restart_policy=f.LAUNCHER_RESTART.parse(launcher.get("restartPolicy")),
+    )
+
+
+def _to_delete(to_delete: Any) -> tuple[int | None, tuple[str, ...] | None]:
+    """A ScaleIn's victims: by count, or by name (each a valid pod name, none twice)."""
+    if not isinstance(to_delete, dict):
+        raise InvalidSpec("spec.toDelete is required: give count or podNames")
+    if (to_delete.get("count") is None) == (to_delete.get("podNames") is None):
+        raise InvalidSpec("spec.toDelete needs exactly one of count and podNames")
+    if to_delete.get("count") is not None:
+        return f.DELETE_COUNT.parse(to_delete.get("count")), None
+    names = to_delete.get("podNames")
+    if not isinstance(names, list) or not names or len(names) > MAX_WORKERS:
+        raise InvalidSpec(f"spec.toDelete.podNames must list from 1 to {MAX_WORKERS} pods")
+    for n in names:
+        if not isinstance(n, str) or not naming.is_dns1123_label(n):
+            raise InvalidSpec(f"spec.toDelete.podNames holds an invalid pod name {n!r}")
+    if len(set(names)) != len(names):
+        raise InvalidSpec("spec.toDelete.podNames lists a pod twice")
+    return None, tuple(names)
 
 
 @dataclass(frozen=True)
@@ -274,25 +293,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         if count is None:
             raise InvalidSpec("spec.toAdd.count is required and must be at least 1")
     else:
-        to_delete = spec.get("toDelete")
-        if not isinstance(to_delete, dict):
-            raise InvalidSpec("spec.toDelete is required: give count or podNames")
-        has_count = to_delete.get("count") is not None
-        has_names = to_delete.get("podNames") is not None
-        if has_count == has_names:
-            raise InvalidSpec("spec.toDelete needs exactly one of count and podNames")
-        if has_count:
-            count = f.DELETE_COUNT.parse(to_delete.get("count"))
-        else:
-            names = to_delete.get("podNames")
-            if not isinstance(names, list) or not names or len(names) > MAX_WORKERS:
-                raise InvalidSpec(f"spec.toDelete.podNames must list from 1 to {MAX_WORKERS} pods")
-            for n in names:
-                if not isinstance(n, str) or not naming.is_dns1123_label(n):
-                    raise InvalidSpec(f"spec.toDelete.podNames holds an invalid pod name {n!r}")
-            if len(set(names)) != len(names):
-                raise InvalidSpec("spec.toDelete.podNames lists a pod twice")
-            pod_names = tuple(names)
+        count, pod_names = _to_delete(spec.get("toDelete"))
     return ScalerSpec(
         kind=kind,
         name=meta.get("name", ""),
