@@ -52,7 +52,7 @@ class Base:
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
         self.scalers = {s.key: s for s in inp.scalers}
-        self.busy = False  # something is in flight: come back soon
+        self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
 
     def cond(self, ctype: str, status: str, reason: str, message: str, warn: bool = False) -> None:
         conds, changed = st.set_condition(
@@ -134,6 +134,11 @@ class Base:
         if sc is None or sc.phase in st.SCALE_TERMINAL or not sc.planned:
             return None
         return sc
+
+    def again(self, why: str) -> None:
+        """Something is in flight: come back soon (a watch event may not tell of it)."""
+        if why not in self.pending:
+            self.pending.append(why)
 
     # -- steps other parts provide (planning/__init__.py puts the parts together) ----------
 

@@ -142,7 +142,7 @@ class Lifecycle(Base):
                 f"{why}; restart {count + 1} of {job.backoff_limit}",
                 warn=True,
             )
-            self.busy = True
+            self.again("restarting")
             return
         limit = (
             f"; backoffLimit {job.backoff_limit} reached"
@@ -185,6 +185,7 @@ class Lifecycle(Base):
         if not self.s.get("currentScaler"):
             self.s.pop("scalerPods", None)
         self.s["observedGeneration"] = self.inp.generation
-        if self.busy or self.plan.create_workers or self.plan.delete_pods:
+        self.plan.pending = list(self.pending)
+        if self.pending or self.plan.create_workers or self.plan.delete_pods:
             self.plan.requeue = 1.0
         return self.plan

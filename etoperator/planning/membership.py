@@ -43,7 +43,7 @@ class Membership(Base):
         if any(
             not (self.workers.get(n) and self.workers[n].ready) for n in self.s["targetWorkers"]
         ):
-            self.busy = True
+            self.again("members not ready yet")
 
     def current(self) -> tuple[Members, ScalerView | None]:
         """The membership the status holds, and the scaler running (a deleted one undone)."""
@@ -65,7 +65,7 @@ class Membership(Base):
         launcher = self.launcher
         if launcher is not None and launcher.run != int(self.s.get("restartCount", 0)):
             self.delete(launcher.name)
-            self.busy = True
+            self.again("the launcher of an earlier run goes")
             return None
         return launcher
 
@@ -128,7 +128,7 @@ class Membership(Base):
             if pod.name in leaving and not pod.gone_bad:
                 continue
             if pod.draining and pod.busy is not False:
-                self.busy = True
+                self.again("a preempted worker still drains")
                 continue
             self.delete(pod.name)
         for name in m.members:
@@ -154,7 +154,7 @@ class Membership(Base):
                 verb = "accepts" if len(m.members) == 1 else "accept"
                 message = f"{workers(len(m.members))} {verb} the job's SSH key"
                 self.cond("WorkersReady", "True", "WorkersReady", message)
-            self.busy = True
+            self.again("waiting to start the launcher")
             return m
         m = m.hosting(*(n for n in ready if n not in joining))
         return self.follow_launcher(m, launcher)
@@ -171,7 +171,7 @@ class Membership(Base):
             self.plan.create_launcher = launcher is None
             message = f"launcher {name} was lost; recreating it"
             self.plan.events.append(Event("Warning", "LauncherRecreated", message))
-            self.busy = True
+            self.again("the launcher is being recreated")
         elif launcher.phase in ("Succeeded", "Failed"):
             self.s["currentWorkers"] = by_index(job.name, list(m.hosts))
             if launcher.phase == "Succeeded":
@@ -184,7 +184,7 @@ class Membership(Base):
                 self.cond(st.RUNNING, "True", "Running", "the launcher is running")
             self.s["phase"] = st.RUNNING
         else:
-            self.busy = True
+            self.again("the launcher is not running yet")
         return m
 
     def cancel_scale(self, kind: str, name: str, m: Members) -> Members:

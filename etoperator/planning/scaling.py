@@ -40,12 +40,12 @@ class Scaling(Base):
             )
             return self.scale_out_failed(sc, m, new, why, f"{why}; removed {', '.join(new)}")
         if not all(self.workers.get(n) and self.workers[n].ready for n in new):
-            self.busy = True
+            self.again("new workers not ready yet")
             return m
         m = m.hosting(*new)
         # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
         if not set(new) <= set(self.inp.published or []):
-            self.busy = True
+            self.again("new workers not yet in the published host list")
         elif self.script_done(sc, new):
             self.finish_scale(sc, f"added {', '.join(new)} to the host list")
         return m
@@ -77,7 +77,7 @@ class Scaling(Base):
         if not set(victims) & published and not self.script_done(sc, victims):
             return m
         if draining and not self.timed_out(sc):
-            self.busy = True
+            self.again("victims still draining")
             return m
         for v in alive:
             self.delete(v)
@@ -104,7 +104,7 @@ class Scaling(Base):
             return True  # nowhere to run it; the scale itself goes on
         argv = script_argv(sc.spec, pods, self.job().slots_per_worker)
         self.plan.run_scripts.append((sc.key, argv, sc.spec.timeout))
-        self.busy = True
+        self.again("the scaler's script runs")
         return False
 
     def finish_scale(self, sc: ScalerView, what: str) -> None:
@@ -163,7 +163,7 @@ class Scaling(Base):
             self.s["currentScaler"] = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
             self.s["scalerPods"] = planned
             self.cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
-            self.busy = True
+            self.again("a scaler started")
             return
 
     def replicas(self) -> None:
@@ -233,4 +233,4 @@ class Scaling(Base):
                 "spec": body,
             }
         )
-        self.busy = True
+        self.again("a scaler for kubectl scale is being made")

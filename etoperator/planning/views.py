@@ -94,5 +94,6 @@ class Plan:
     spec_replicas: int | None = None
     events: list[Event] = field(default_factory=list)
     requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
+    pending: list[str] = field(default_factory=list)  # why the next pass should come soon
     settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
     run_scripts: list[tuple[tuple[str, str], list[str], int]] = field(default_factory=list)

@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 
 def plan_next(plan: Plan) -> Next:
-    return Next(plan.requeue, "in flight" if plan.requeue < 60 else "resync")
+    quiet = "resync" if plan.requeue >= 60 else "pods created or deleted"
+    return Next(plan.requeue, "; ".join(plan.pending) or quiet)
 
 
 @dataclass
