@@ -156,7 +156,7 @@ async def job_event(
         rt.forget(key)
         return
     rt.set_phase(key, str((body.get("status") or {}).get("phase") or ""))
-    rt.ensure(key)
+    rt.start(key)
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})

@@ -67,9 +67,9 @@ class Runtime:
         assert self.leading is not None
         await self.leading.wait()
         for key in list(self.known):
-            self.ensure(key)
+            self.start(key)
 
-    def ensure(self, key: Key) -> None:
+    def start(self, key: Key) -> None:
         self.known.add(key)
         if not self.is_leader():
             return  # a standby watches (its caches stay warm) and writes nothing

@@ -18,20 +18,20 @@ class Membership(Base):
         m, active = self.current()
         launcher = self.drop_old_run(start)
         launched = st.is_true(self.s["conditions"], "LauncherCreated")
-        joining = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
-        leaving = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
-        lost = self.drop_lost(m, joining, leaving, launched)
+        newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
+        victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
+        lost = self.drop_lost(m, newcomers, victims, launched)
         if lost is None:
             return  # the job failed
         m, broken = lost
-        self.prune(m, start, leaving)
+        self.prune(m, start, victims)
         if active is not None and active.kind == naming.SCALEOUT_KIND:
             m = self.drive_scale_out(active, m, broken)
         elif active is not None:
             m = self.drive_scale_in(active, m)
         m = m.sorted(self.job().name)
         self.s["targetWorkers"] = list(m.members)
-        after = self.launch(m, launcher, launched, joining)
+        after = self.launch(m, launcher, launched, newcomers)
         if after is None:
             return  # the job ended
         self.s["currentWorkers"] = by_index(self.job().name, list(after.hosts))
@@ -70,7 +70,7 @@ class Membership(Base):
         return launcher
 
     def drop_lost(
-        self, m: Members, joining: set[str], leaving: set[str], launched: bool
+        self, m: Members, newcomers: set[str], victims: set[str], launched: bool
     ) -> tuple[Members, list[str]] | None:
         """Lost workers leave the host list at once and are replaced per restartPolicy; the
         new workers of a ScaleOut that were lost (it fails). None: the job failed."""
@@ -82,9 +82,9 @@ class Membership(Base):
             m = m.without(name)
             if member is not None and not member.draining:
                 self.delete(name)
-            if name in joining:
+            if name in newcomers:
                 broken.append(name)
-            elif name not in leaving:
+            elif name not in victims:
                 replaced = self.replace_lost(name, member, launched)
                 if replaced is None:
                     self.s["targetWorkers"], self.s["currentWorkers"] = (
@@ -117,7 +117,7 @@ class Membership(Base):
             return [new]
         return [] if launched else None
 
-    def prune(self, m: Members, start: int, leaving: set[str]) -> None:
+    def prune(self, m: Members, start: int, victims: set[str]) -> None:
         """Pods of this run that are not members go, unless Horovod may still run on them: a
         ScaleIn victim (its scaler decides), or a preempted worker until Horovod left it
         (deleting it sooner would kill training mid-step; its node takes it anyway). Members
@@ -125,7 +125,7 @@ class Membership(Base):
         for pod in self.workers.values():
             if pod.index is None or pod.index < start or pod.name in m.members:
                 continue
-            if pod.name in leaving and not pod.gone_bad:
+            if pod.name in victims and not pod.gone_bad:
                 continue
             if pod.draining and pod.busy is not False:
                 self.again("a preempted worker still drains")
@@ -137,7 +137,7 @@ class Membership(Base):
                 self.plan.create_workers.append(wanted)
 
     def launch(
-        self, m: Members, launcher: PodView | None, launched: bool, joining: set[str]
+        self, m: Members, launcher: PodView | None, launched: bool, newcomers: set[str]
     ) -> Members | None:
         """The launcher: created once every member is ready, seen, then followed to its end
         (None: the job ended). Ready members join the host list once it runs, except those a
@@ -156,7 +156,7 @@ class Membership(Base):
                 self.cond("WorkersReady", "True", "WorkersReady", message)
             self.again("waiting to start the launcher")
             return m
-        m = m.hosting(*(n for n in ready if n not in joining))
+        m = m.hosting(*(n for n in ready if n not in newcomers))
         return self.follow_launcher(m, launcher)
 
     def follow_launcher(self, m: Members, launcher: PodView | None) -> Members | None:

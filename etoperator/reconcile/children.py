@@ -39,7 +39,7 @@ class Children(State):
             problems += self.repair_config_map(obs, owner)
         for obj in rbac.launcher_rbac(spec, owner):
             if (obj["kind"], obj["metadata"]["name"]) not in obs.present:
-                problems += self.ensure(obs, obj)
+                problems += self.make(obs, obj)
         return problems
 
     def check_user_secret(self, spec: JobSpec) -> list[str]:
@@ -107,7 +107,7 @@ class Children(State):
             self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
 
-    def ensure(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
+    def make(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
         """Create `obj`; a same-named object this job does not control is a problem, not ours.
         A refusal by the apiserver propagates: the pass reports it as Blocked/APIRefused."""
         return self.create(obs, obj)[1]
@@ -155,20 +155,20 @@ class Children(State):
             if svc_name not in existing_services:
                 windex = naming.worker_index(name, svc_name)
                 if windex is not None:
-                    problems += self.ensure(obs, pods.worker_service(spec, owner, windex))
+                    problems += self.make(obs, pods.worker_service(spec, owner, windex))
         for svc_name, svc in existing_services.items():
             if svc_name not in plan.services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
         squatted = []
         for index in plan.create_workers:
-            found = self.ensure(obs, pods.worker_pod(spec, owner, index, secret, keys))
+            found = self.make(obs, pods.worker_pod(spec, owner, index, secret, keys))
             squatted += [naming.worker_name(name, index)] if found else []
             problems += found
         if plan.create_launcher:
             launcher = pods.launcher_pod(
                 spec, owner, secret, keys, int(plan.status.get("restartCount", 0))
             )
-            problems += self.ensure(obs, launcher)
+            problems += self.make(obs, launcher)
         for wanted in plan.create_scalers:
             problems += self.make_replicas_scaler(obs, spec, owner, wanted)
         # Said on the job by the next pass (one status write per pass).

@@ -167,7 +167,7 @@ class Observing(State):
         old = self._superseded.setdefault(ref(before), set())
         old.add(before["metadata"]["resourceVersion"])
 
-    def _key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
+    def _ssh_key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
         cache_key = f"{job_key(job.namespace, job.name, job.uid)}/{secret_name}"
         if cache_key not in self._keys:
             secret = self._user_secret(job) if job.ssh_secret else obs.secret
@@ -191,7 +191,7 @@ class Observing(State):
         key = None
         if obs.spec is not None and self.ssh_checks:
             secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
-            key = self._key(obs, obs.spec, secret)
+            key = self._ssh_key(obs, obs.spec, secret)
         wanted = probes_wanted(
             views,
             set(status.get("currentWorkers") or []),
