@@ -133,10 +133,17 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
         c.stop()
 
 
-def histogram_quantile(text: str, name: str, q: float) -> float:
-    buckets = []
+def buckets_of(text: str, name: str) -> list[tuple[float, float]]:
+    found = []
     for m in re.finditer(rf'^{name}_bucket{{le="([^"]+)"}} ([0-9.e+]+)$', text, re.M):
-        buckets.append((float("inf") if m[1] == "+Inf" else float(m[1]), float(m[2])))
+        found.append((float("inf") if m[1] == "+Inf" else float(m[1]), float(m[2])))
+    return found
+
+
+def histogram_quantile(text: str, name: str, q: float, since: str = "") -> float:
+    """The bucket holding quantile q (of the observations after `since`, when given)."""
+    before = dict(buckets_of(since, name)) if since else {}
+    buckets = [(le, count - before.get(le, 0.0)) for le, count in buckets_of(text, name)]
     total = buckets[-1][1]
     for le, count in buckets:
         if count >= q * total:
@@ -199,13 +206,18 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
             interval=2,
         )
         window = 120.0  # two resyncs of every job fall in it
-        start = time.time()
+        start, at_start = time.time(), scrape(c)
         wait_for(lambda: time.time() >= start + window + 2, window + 10, interval=1)
         verbs = operator_requests(c, start, start + window)
+        steady = scrape(c)
+        s50 = histogram_quantile(steady, "etoperator_reconcile_duration_seconds", 0.5, at_start)
+        s99 = histogram_quantile(steady, "etoperator_reconcile_duration_seconds", 0.99, at_start)
         lists = sum(1 for v in verbs if v == "list")
         return [
             ("P5", f"{jobs} jobs x {workers} workers: all Running after", f"{settle:.1f}s", ""),
-            ("P5", "reconcile pass p50 / p99 (50 ms buckets)", f"<= {p50}s / <= {p99}s",
+            ("P5", "reconcile pass p50 / p99 while starting (50 ms buckets)",
+             f"<= {p50}s / <= {p99}s", "p99 <= 0.5 s"),
+            ("P5", "reconcile pass p50 / p99 once steady", f"<= {s50}s / <= {s99}s",
              "p99 <= 0.5 s"),
             ("P5", "operator RSS", f"{rss_mib(c.operator.proc)} MiB", "<= 300 MiB"),
             ("P5", "operator requests per minute, steady",
@@ -236,8 +248,9 @@ def p7(tmp: Path, jobs: int = 20, minutes: float = 5.0) -> list[Row]:
             """(when it was asked for, how long until it ended)."""
             t0 = time.monotonic()
             c.create(manifest, ns)
+            # 0.2 s between looks: 20 pollers at 0.05 s would be the apiserver's main load.
             wait_for(lambda: c.phase(ns, name, kind) in ("ScaleSucceeded", "ScaleFailed"), 120,
-                     interval=0.05)  # fmt: skip
+                     interval=0.2)  # fmt: skip
             if c.phase(ns, name, kind) != "ScaleSucceeded":
                 failures.append(name)
             return t0, time.monotonic() - t0
