@@ -122,7 +122,7 @@ class Kubelet:
     _loop: asyncio.AbstractEventLoop | None = None
     _tasks: set[asyncio.Future[Any]] = field(default_factory=set)
     _thread: threading.Thread | None = None
-    _runner: web.AppRunner | None = None
+    _api: KubeletAPI | None = None
     port: int = 0  # the kubelet API's TLS port
 
     # -- running in a thread of its own --------------------------------------------------
@@ -137,7 +137,8 @@ class Kubelet:
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self._loop = loop
-            loop.run_until_complete(self._serve())
+            self._api = KubeletAPI(self)
+            loop.run_until_complete(self._api.serve())
             ready.set()
             self.spawn(self._bind_loop())
             loop.run_forever()
@@ -169,8 +170,8 @@ class Kubelet:
     async def _close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._api is not None:
+            await self._api.close()
         for c in [*self._clients.values(), self._scheduler]:
             await c.close()
 
@@ -200,33 +201,11 @@ class Kubelet:
         await api.request(
             "PATCH",
             f"/api/v1/nodes/{node}/status",
-            {"status": self._node_status(node)},
+            {"status": node_status(node, self.port)},
             None,
             STRATEGIC,
         )
         self._registered[node] = self.spawn(self._pod_loop(node))
-
-    def _node_status(self, node: str) -> dict[str, Any]:
-        room = {"cpu": "64", "memory": "256Gi", "pods": "100000"}
-        return {
-            "capacity": room,
-            "allocatable": room,
-            "addresses": [
-                {"type": "InternalIP", "address": "127.0.0.1"},
-                {"type": "Hostname", "address": node},
-            ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "local kubelet is posting ready status",
-                    "lastHeartbeatTime": now_iso(),
-                    "lastTransitionTime": now_iso(),
-                }
-            ],
-        }
 
     async def _watch_pods(
         self, api: AsyncApi, selector: str, on: Callable[[str, dict[str, Any]], None]
@@ -395,118 +374,14 @@ class Kubelet:
                 raise
 
     async def _mark_running(self, node: str, key: Key, pod: dict[str, Any], ip: str) -> None:
-        ts = now_iso()
-        await self._patch_status(
-            node,
-            key,
-            {
-                "phase": "Running",
-                "podIP": ip,
-                "podIPs": [{"ip": ip}],
-                "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}],
-                "startTime": ts,
-                "conditions": [
-                    {"type": t, "status": "True", "lastTransitionTime": ts}
-                    for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-                ],
-                "containerStatuses": [
-                    {
-                        "name": c["name"],
-                        "image": c.get("image", ""),
-                        "imageID": "",
-                        "ready": True,
-                        "started": True,
-                        "restartCount": 0,
-                        "state": {"running": {"startedAt": ts}},
-                    }
-                    for c in pod["spec"]["containers"]
-                ],
-            },
-        )
+        await self._patch_status(node, key, running_status(pod, ip, now_iso()))
         self.started_at[key] = time.monotonic()
 
     async def mark_terminated(self, key: Key, exit_code: int, reason: str = "") -> None:
         pod = self.pods.get(key)
-        if pod is None:
-            return
-        ts = now_iso()
-        status: dict[str, Any] = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "conditions": [
-                {"type": t, "status": "False", "lastTransitionTime": ts}
-                for t in ("ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "state": {
-                        "terminated": {
-                            "exitCode": exit_code,
-                            "finishedAt": ts,
-                            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-                        }
-                    },
-                }
-                for c in pod["spec"]["containers"]
-            ],
-        }
-        if reason:
-            status["reason"] = reason
-        await self._patch_status(pod["spec"]["nodeName"], key, status)
-
-    # -- the kubelet API (the apiserver calls it for logs and exec) -------------------------
-
-    async def _serve(self) -> None:
-        pair = self.cp.serving_cert("kubelet", ("127.0.0.1", "localhost"))
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.cp.ca))
-        ctx.load_cert_chain(str(pair.cert), str(pair.key))
-        ctx.verify_mode = ssl.CERT_REQUIRED  # only the apiserver's kubelet client certificate
-        app = web.Application()
-        app.router.add_get("/containerLogs/{ns}/{pod}/{container}", self._logs)
-        app.router.add_route("*", "/exec/{ns}/{pod}/{container}", self._exec)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=ctx).start()
-
-    async def _logs(self, request: web.Request) -> web.StreamResponse:
-        key = (request.match_info["ns"], request.match_info["pod"])
-        path = self.log_path(key)
-        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
-        await resp.prepare(request)
-        follow = request.query.get("follow") in ("true", "1")
-        offset = 0
-        while True:
-            data = path.read_bytes()[offset:] if path is not None and path.exists() else b""
-            if data:
-                await resp.write(data)
-                offset += len(data)
-            if not follow or (key not in self.procs and key in self.pods):
-                break
-            await asyncio.sleep(0.2)
-        return resp
-
-    async def _exec(self, request: web.Request) -> web.StreamResponse:
-        """pods/exec over WebSocket (channel 1 stdout, 2 stderr, 3 the closing Status)."""
-        key = (request.match_info["ns"], request.match_info["pod"])
-        argv = request.query.getall("command", [])
-        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io", "channel.k8s.io"))
-        await ws.prepare(request)
-        if key not in self.pods:
-            code, out, err = 126, b"", b"the container is not running\n"
-        else:
-            code, out, err = await self.exec(key, argv)
-        for channel, data in ((1, out), (2, err)):
-            if data:
-                await ws.send_bytes(bytes([channel]) + data)
-        await ws.send_bytes(b"\x03" + json.dumps(exit_status(code)).encode())
-        await ws.close()
-        return ws
+        if pod is not None:
+            status = terminated_status(pod, exit_code, reason, now_iso())
+            await self._patch_status(pod["spec"]["nodeName"], key, status)
 
     # -- test controls (call from another thread) ----------------------------------------
 
@@ -550,3 +425,130 @@ class Kubelet:
 
     def ip(self, namespace: str, name: str) -> str | None:
         return self.ips.get((namespace, name))
+
+
+def running_status(pod: dict[str, Any], ip: str, ts: str) -> dict[str, Any]:
+    """The pod status a kubelet reports once the containers run."""
+    return {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "startTime": ts,
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": ts}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True,
+                "started": True, "restartCount": 0, "state": {"running": {"startedAt": ts}},
+            }
+            for c in pod["spec"]["containers"]
+        ],
+    }  # fmt: skip
+
+
+def terminated_status(pod: dict[str, Any], code: int, reason: str, ts: str) -> dict[str, Any]:
+    """The pod status a kubelet reports once the containers ended (exit code `code`)."""
+    why = reason or ("Completed" if code == 0 else "Error")
+    ended = {"exitCode": code, "finishedAt": ts, "reason": why}
+    status: dict[str, Any] = {
+        "phase": "Succeeded" if code == 0 else "Failed",
+        "conditions": [
+            {"type": t, "status": "False", "lastTransitionTime": ts}
+            for t in ("ContainersReady", "Ready")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False,
+                "started": False, "restartCount": 0, "state": {"terminated": ended},
+            }
+            for c in pod["spec"]["containers"]
+        ],
+    }  # fmt: skip
+    if reason:
+        status["reason"] = reason
+    return status
+
+
+def node_status(node: str, port: int) -> dict[str, Any]:
+    room = {"cpu": "64", "memory": "256Gi", "pods": "100000"}
+    return {
+        "capacity": room,
+        "allocatable": room,
+        "addresses": [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": node},
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "local kubelet is posting ready status",
+                "lastHeartbeatTime": now_iso(),
+                "lastTransitionTime": now_iso(),
+            }
+        ],
+    }
+
+
+class KubeletAPI:
+    """The kubelet API the apiserver calls over TLS: /containerLogs and /exec (WebSocket)."""
+
+    def __init__(self, kubelet: Kubelet) -> None:
+        self.k = kubelet
+        self._runner: web.AppRunner | None = None
+
+    async def serve(self) -> None:
+        pair = self.k.cp.serving_cert("kubelet", ("127.0.0.1", "localhost"))
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.k.cp.ca))
+        ctx.load_cert_chain(str(pair.cert), str(pair.key))
+        ctx.verify_mode = ssl.CERT_REQUIRED  # only the apiserver's kubelet client certificate
+        app = web.Application()
+        app.router.add_get("/containerLogs/{ns}/{pod}/{container}", self._logs)
+        app.router.add_route("*", "/exec/{ns}/{pod}/{container}", self._exec)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.k.port, ssl_context=ctx).start()
+
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
+        key = (request.match_info["ns"], request.match_info["pod"])
+        path = self.k.log_path(key)
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request)
+        follow = request.query.get("follow") in ("true", "1")
+        offset = 0
+        while True:
+            data = path.read_bytes()[offset:] if path is not None and path.exists() else b""
+            if data:
+                await resp.write(data)
+                offset += len(data)
+            if not follow or (key not in self.k.procs and key in self.k.pods):
+                break
+            await asyncio.sleep(0.2)
+        return resp
+
+    async def _exec(self, request: web.Request) -> web.StreamResponse:
+        """pods/exec over WebSocket (channel 1 stdout, 2 stderr, 3 the closing Status)."""
+        key = (request.match_info["ns"], request.match_info["pod"])
+        argv = request.query.getall("command", [])
+        ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io", "channel.k8s.io"))
+        await ws.prepare(request)
+        if key not in self.k.pods:
+            code, out, err = 126, b"", b"the container is not running\n"
+        else:
+            code, out, err = await self.k.exec(key, argv)
+        for channel, data in ((1, out), (2, err)):
+            if data:
+                await ws.send_bytes(bytes([channel]) + data)
+        await ws.send_bytes(b"\x03" + json.dumps(exit_status(code)).encode())
+        await ws.close()
+        return ws
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
