@@ -44,4 +44,7 @@ class _Planner(Lifecycle, Membership, Scaling):
 
 def plan_job(inp: JobInput) -> Plan:
     """Everything the reconciler should do for one job and its scalers, from one observation."""
-    return _Planner(inp).run()
+    planner = _Planner(inp)
+    plan = planner.run()
+    plan.status = planner.s.to_dict()
+    return plan

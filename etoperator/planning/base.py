@@ -10,6 +10,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.clock import iso, parse_iso
+from etoperator.planning.jobstatus import JobStatus
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
 from etoperator.status import Event
@@ -47,8 +48,8 @@ class Base:
     def __init__(self, inp: JobInput) -> None:
         self.inp = inp
         self.now = iso(inp.now)
-        self.s: dict[str, Any] = copy.deepcopy(inp.status)
-        self.plan = Plan(status=self.s)
+        self.s = JobStatus.from_dict(inp.status)
+        self.plan = Plan(status={})  # filled from self.s when the pass is planned
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
         self.scalers = {s.key: s for s in inp.scalers}
@@ -56,9 +57,9 @@ class Base:
 
     def cond(self, ctype: str, status: str, reason: str, message: str, warn: bool = False) -> None:
         conds, changed = st.set_condition(
-            self.s.get("conditions") or [], ctype, status, reason, message, self.now
+            self.s.conditions or [], ctype, status, reason, message, self.now
         )
-        self.s["conditions"] = conds
+        self.s.conditions = conds
         if changed and status == "True":
             self.plan.events.append(Event("Warning" if warn else "Normal", reason, message))
 
@@ -106,28 +107,30 @@ class Base:
         """Membership for a new run: fresh indices, an empty host list."""
         job = self.job()
         start = self.last_index() + 1
-        self.s["runStartIndex"] = start
-        self.s["targetWorkers"] = [
+        self.s.run_start_index = start
+        self.s.target_workers = [
             naming.worker_name(job.name, i) for i in range(start, start + job.worker.replicas)
         ]
-        self.s["lastWorkerIndex"] = start + job.worker.replicas - 1
-        self.s["currentWorkers"] = []
+        self.s.last_worker_index = start + job.worker.replicas - 1
+        self.s.current_workers = []
         self.accept(job.worker.replicas)
-        self.s["phase"] = st.CREATED
+        self.s.phase = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
-            if st.condition(self.s.get("conditions") or [], ctype):
+            if st.condition(self.s.conditions or [], ctype):
                 self.cond(ctype, "False", "NewRun", "a new run is starting")
 
     def accept(self, replicas: int) -> None:
-        self.s["acceptedReplicas"] = replicas
-        self.s.pop("replicasBefore", None)
+        self.s.accepted_replicas = replicas
+        self.s.replicas_before = None
 
     def last_index(self) -> int:
         seen = [p.index for p in self.workers.values() if p.index is not None]
-        return max([int(self.s.get("lastWorkerIndex", -1)), *seen])
+        return max(
+            [(self.s.last_worker_index if self.s.last_worker_index is not None else -1), *seen]
+        )
 
     def active_scaler(self) -> ScalerView | None:
-        ref = naming.parse_scaler_ref(str(self.s.get("currentScaler") or ""))
+        ref = naming.parse_scaler_ref(str(self.s.current_scaler or ""))
         if ref is None:
             return None
         sc = self.scalers.get((ref[0], ref[2]))

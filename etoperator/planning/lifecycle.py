@@ -12,32 +12,28 @@ from etoperator.status import Event
 class Lifecycle(Base):
     def run(self) -> Plan:
         inp = self.inp
-        self.s.setdefault("conditions", [])
+        self.s.conditions = self.s.conditions if self.s.conditions is not None else []
         if inp.spec is None:
             self.invalid(inp.error or "invalid spec")
             return self.finish()
         job = inp.spec
-        failed_cond = st.condition(self.s["conditions"], st.FAILED)
-        if (
-            self.s.get("phase") == st.FAILED
-            and failed_cond
-            and failed_cond.get("reason") == "InvalidSpec"
-        ):
+        failed_cond = st.condition(self.s.conditions, st.FAILED)
+        if self.s.phase == st.FAILED and failed_cond and failed_cond.get("reason") == "InvalidSpec":
             # The spec was fixed after being refused: nothing was ever started, begin afresh.
             self.cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
-            self.s.pop("phase", None)
-            self.s.pop("completionTime", None)
-        self.s["workerSelector"] = naming.worker_selector(job.name)
+            self.s.phase = None
+            self.s.completion_time = None
+        self.s.worker_selector = naming.worker_selector(job.name)
         if inp.public_key:
-            self.s["sshPublicKey"] = inp.public_key
+            self.s.ssh_public_key = inp.public_key
         self.adopt_scalers()
-        if not self.s.get("phase"):
-            self.s["startTime"] = self.s.get("startTime") or self.now
-            self.s.setdefault("restartCount", 0)
+        if not self.s.phase:
+            self.s.start_time = self.s.start_time or self.now
+            self.s.restart_count = self.s.restart_count if self.s.restart_count is not None else 0
             self.fresh_run()
             self.cond(st.CREATED, "True", "TrainingJobCreated", f"job {job.name} is created")
         self.blocked()
-        phase = self.s["phase"]
+        phase = self.s.phase
         if inp.hold and phase not in st.TERMINAL:
             self.plan.requeue = 5.0
             return self.plan  # status only: nothing moves until the job's basics are there
@@ -57,7 +53,7 @@ class Lifecycle(Base):
     def blocked(self) -> None:
         """Blocked/ChildConflict while something of ours is in the way, cleared once it is not;
         Blocked/APIRefused (set when a write was refused) cleared once writes pass again."""
-        current = st.condition(self.s["conditions"], "Blocked") or {}
+        current = st.condition(self.s.conditions or [], "Blocked") or {}
         reason = current.get("reason") if current.get("status") == "True" else None
         if self.inp.problems:
             message = "; ".join(self.inp.problems)
@@ -68,9 +64,9 @@ class Lifecycle(Base):
             self.cond("Blocked", "False", "Resolved", "the API server accepts the job's writes")
 
     def invalid(self, error: str) -> None:
-        if self.s.get("phase") != st.FAILED:
-            self.s["phase"] = st.FAILED
-            self.s["completionTime"] = self.now
+        if self.s.phase != st.FAILED:
+            self.s.phase = st.FAILED
+            self.s.completion_time = self.now
         self.cond(st.FAILED, "True", "InvalidSpec", error, warn=True)
         for sc in self.inp.scalers:
             if sc.phase not in st.SCALE_TERMINAL:
@@ -88,22 +84,22 @@ class Lifecycle(Base):
                 job.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
             ):
                 self.delete(pod.name)
-        self.s["currentScaler"] = ""
+        self.s.current_scaler = ""
         for sc in self.inp.scalers:
             if sc.phase not in st.SCALE_TERMINAL:
                 self.fail_scaler(
-                    sc, "JobFinished", f"job {job.name} ended {self.s['phase']}; nothing scaled"
+                    sc, "JobFinished", f"job {job.name} ended {self.s.phase}; nothing scaled"
                 )
 
     def suspend(self) -> None:
         for pod in self.inp.pods:
             self.delete(pod.name)
-        self.s["targetWorkers"] = []
-        self.s["currentWorkers"] = []
+        self.s.target_workers = []
+        self.s.current_workers = []
         self.plan.hosts = []
-        self.s["phase"] = st.SUSPENDED
+        self.s.phase = st.SUSPENDED
         self.fail_active("JobSuspended", "the job was suspended")
-        self.s["currentScaler"] = ""
+        self.s.current_scaler = ""
         self.cond(st.SUSPENDED, "True", "Suspended", "job suspended: all pods deleted")
 
     def fail_active(self, reason: str, message: str) -> None:
@@ -112,25 +108,25 @@ class Lifecycle(Base):
             self.fail_scaler(active, reason, message)
 
     def fail_job(self, reason: str, message: str) -> None:
-        self.s["phase"] = st.FAILED
-        self.s["completionTime"] = self.now
+        self.s.phase = st.FAILED
+        self.s.completion_time = self.now
         self.cond(st.FAILED, "True", reason, message, warn=True)
         self.finished()
 
     def succeed_job(self) -> None:
-        self.s["phase"] = st.SUCCEEDED
-        self.s["completionTime"] = self.now
+        self.s.phase = st.SUCCEEDED
+        self.s.completion_time = self.now
         self.cond(st.SUCCEEDED, "True", "Succeeded", "the launcher completed successfully")
         self.finished()
 
     def launcher_failed(self, launcher: PodView) -> None:
         job = self.job()
-        count = int(self.s.get("restartCount", 0))
+        count = int(self.s.restart_count if self.s.restart_count is not None else 0)
         why = f"the launcher failed ({launcher.reason or 'Error'}, exit code {launcher.exit_code})"
         if job.restart_policy == "OnFailure" and count < job.backoff_limit:
             self.fail_active("JobRestarted", "the job restarted; scale not applied")
-            self.s["currentScaler"] = ""
-            self.s["restartCount"] = count + 1
+            self.s.current_scaler = ""
+            self.s.restart_count = count + 1
             for pod in self.inp.pods:
                 self.delete(pod.name)
             self.fresh_run()
@@ -154,7 +150,7 @@ class Lifecycle(Base):
     def finish(self) -> Plan:
         job = self.inp.spec
         if job is not None:
-            members = set(self.s.get("targetWorkers") or [])
+            members = set(self.s.target_workers or [])
             wanted = {naming.worker_index(job.name, m) for m in members}
             self.plan.create_workers = sorted(set(self.plan.create_workers) & wanted)
             keep = {
@@ -163,17 +159,16 @@ class Lifecycle(Base):
                 if not p.deleting and p.name not in self.plan.delete_pods
             }
             keep |= {naming.worker_name(job.name, i) for i in self.plan.create_workers}
-            if self.s.get("phase") not in st.TERMINAL:
+            if self.s.phase not in st.TERMINAL:
                 keep |= members
             self.plan.services = sorted(keep)
 
             run_pods = [
                 p
                 for p in self.inp.pods
-                if p.role == naming.ROLE_LAUNCHER
-                or (p.index or 0) >= int(self.s.get("runStartIndex", 0))
+                if p.role == naming.ROLE_LAUNCHER or (p.index or 0) >= (self.s.run_start_index or 0)
             ]
-            self.s["replicaStatuses"] = {
+            self.s.replica_statuses = {
                 "Launcher": st.replica_counts(
                     p.phase for p in run_pods if p.role == naming.ROLE_LAUNCHER
                 ),
@@ -181,10 +176,10 @@ class Lifecycle(Base):
                     p.phase for p in run_pods if p.role == naming.ROLE_WORKER
                 ),
             }
-            self.s["replicas"] = len(self.s.get("currentWorkers") or [])
-        if not self.s.get("currentScaler"):
-            self.s.pop("scalerPods", None)
-        self.s["observedGeneration"] = self.inp.generation
+            self.s.replicas = len(self.s.current_workers or [])
+        if not self.s.current_scaler:
+            self.s.scaler_pods = None
+        self.s.observed_generation = self.inp.generation
         self.plan.pending = list(self.pending)
         if self.pending or self.plan.create_workers or self.plan.delete_pods:
             self.plan.requeue = 1.0

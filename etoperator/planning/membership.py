@@ -14,10 +14,10 @@ from etoperator.status import Event
 
 class Membership(Base):
     def running(self) -> None:
-        start = int(self.s.get("runStartIndex", 0))
+        start = int(self.s.run_start_index if self.s.run_start_index is not None else 0)
         m, active = self.current()
         launcher = self.drop_old_run(start)
-        launched = st.is_true(self.s["conditions"], "LauncherCreated")
+        launched = st.is_true(self.s.conditions or [], "LauncherCreated")
         newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
         victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
         lost = self.drop_lost(m, newcomers, victims, launched)
@@ -30,31 +30,29 @@ class Membership(Base):
         elif active is not None:
             m = self.drive_scale_in(active, m)
         m = m.sorted(self.job().name)
-        self.s["targetWorkers"] = list(m.members)
+        self.s.target_workers = list(m.members)
         after = self.launch(m, launcher, launched, newcomers)
         if after is None:
             return  # the job ended
-        self.s["currentWorkers"] = by_index(self.job().name, list(after.hosts))
-        self.plan.hosts = self.s["currentWorkers"]
-        if self.s["phase"] in (st.RUNNING, st.SCALING):
+        self.s.current_workers = by_index(self.job().name, list(after.hosts))
+        self.plan.hosts = self.s.current_workers
+        if self.s.phase in (st.RUNNING, st.SCALING):
             self.start_scalers()
             self.replicas()
-            self.s["phase"] = st.SCALING if self.s.get("currentScaler") else st.RUNNING
-        if any(
-            not (self.workers.get(n) and self.workers[n].ready) for n in self.s["targetWorkers"]
-        ):
+            self.s.phase = st.SCALING if self.s.current_scaler else st.RUNNING
+        if any(not (self.workers.get(n) and self.workers[n].ready) for n in self.s.target_workers):
             self.again("members not ready yet")
 
     def current(self) -> tuple[Members, ScalerView | None]:
         """The membership the status holds, and the scaler running (a deleted one undone)."""
-        members = tuple(self.s.get("targetWorkers") or [])
-        m = Members(members, tuple(h for h in self.s.get("currentWorkers") or [] if h in members))
+        members = tuple(self.s.target_workers or [])
+        m = Members(members, tuple(h for h in self.s.current_workers or [] if h in members))
         active = self.active_scaler()
-        if active is None and self.s.get("currentScaler"):
-            ref = naming.parse_scaler_ref(str(self.s["currentScaler"]))
+        if active is None and self.s.current_scaler:
+            ref = naming.parse_scaler_ref(str(self.s.current_scaler))
             if ref is not None and (ref[0], ref[2]) not in self.scalers:
                 m = self.cancel_scale(ref[0], ref[2], m)
-            self.s["currentScaler"] = ""
+            self.s.current_scaler = ""
         return m, active
 
     def drop_old_run(self, start: int) -> PodView | None:
@@ -63,7 +61,7 @@ class Membership(Base):
             if pod.index is not None and pod.index < start:
                 self.delete(pod.name)
         launcher = self.launcher
-        if launcher is not None and launcher.run != int(self.s.get("restartCount", 0)):
+        if launcher is not None and launcher.run != (self.s.restart_count or 0):
             self.delete(launcher.name)
             self.again("the launcher of an earlier run goes")
             return None
@@ -87,7 +85,7 @@ class Membership(Base):
             elif name not in victims:
                 replaced = self.replace_lost(name, member, launched)
                 if replaced is None:
-                    self.s["targetWorkers"], self.s["currentWorkers"] = (
+                    self.s.target_workers, self.s.current_workers = (
                         list(m.members),
                         list(m.hosts),
                     )
@@ -109,7 +107,7 @@ class Membership(Base):
             self.cond("WorkerPreempted", "True", "PreemptionNotice", notice)
         if replaces(job.worker.restart_policy, member):
             index = self.last_index() + 1
-            self.s["lastWorkerIndex"] = index
+            self.s.last_worker_index = index
             new = naming.worker_name(job.name, index)
             self.plan.events.append(
                 Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}")
@@ -164,7 +162,7 @@ class Membership(Base):
         name = naming.launcher_name(job.name)
         if launcher is None or launcher.deleting:
             if job.launcher.restart_policy not in ("Always", "OnFailure"):
-                self.s["targetWorkers"], self.s["currentWorkers"] = list(m.members), list(m.hosts)
+                self.s.target_workers, self.s.current_workers = list(m.members), list(m.hosts)
                 why = "disappeared and its restartPolicy does not recreate it"
                 self.fail_job("LauncherLost", f"launcher {name} {why}")
                 return None
@@ -173,23 +171,23 @@ class Membership(Base):
             self.plan.events.append(Event("Warning", "LauncherRecreated", message))
             self.again("the launcher is being recreated")
         elif launcher.phase in ("Succeeded", "Failed"):
-            self.s["currentWorkers"] = by_index(job.name, list(m.hosts))
+            self.s.current_workers = by_index(job.name, list(m.hosts))
             if launcher.phase == "Succeeded":
                 self.succeed_job()
             else:
                 self.launcher_failed(launcher)
             return None
         elif launcher.phase == "Running":
-            if self.s["phase"] == st.CREATED:
+            if self.s.phase == st.CREATED:
                 self.cond(st.RUNNING, "True", "Running", "the launcher is running")
-            self.s["phase"] = st.RUNNING
+            self.s.phase = st.RUNNING
         else:
             self.again("the launcher is not running yet")
         return m
 
     def cancel_scale(self, kind: str, name: str, m: Members) -> Members:
         """The running scaler was deleted: undo what it had not finished."""
-        pods = list(self.s.get("scalerPods") or [])
+        pods = list(self.s.scaler_pods or [])
         if kind == naming.SCALEOUT_KIND:
             m = m.without(*pods)
             what = f"its new workers are removed: {', '.join(pods)}"

@@ -56,7 +56,7 @@ class Scaling(Base):
         for n in ours:
             self.delete(n)
         self.fail_scaler(sc, "ScaleOutFailed", message)
-        self.s["currentScaler"] = ""
+        self.s.current_scaler = ""
         self.cond(st.SCALING, "False", "ScaleOutFailed", why)
         return m.without(*sc.planned)
 
@@ -109,7 +109,7 @@ class Scaling(Base):
 
     def finish_scale(self, sc: ScalerView, what: str) -> None:
         self.scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)
-        self.s["currentScaler"] = ""
+        self.s.current_scaler = ""
         self.cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
 
     def start_scalers(self) -> None:
@@ -123,10 +123,9 @@ class Scaling(Base):
                 self.fail_scaler(sc, "InvalidSpec", sc.error or "invalid spec")
             else:
                 waiting.append(sc)
-        if self.s.get("currentScaler") or not waiting:
+        if self.s.current_scaler or not waiting:
             return
-        members: list[str] = self.s["targetWorkers"]
-        hosts: list[str] = self.s["currentWorkers"]
+        members, hosts = self.s.members, self.s.hosts
         for sc in waiting:
             spec = sc.spec
             assert spec is not None
@@ -140,8 +139,8 @@ class Scaling(Base):
                 planned = [
                     naming.worker_name(job.name, i) for i in range(first, first + spec.count)
                 ]
-                self.s["lastWorkerIndex"] = first + spec.count - 1
-                self.s["targetWorkers"] = members + planned
+                self.s.last_worker_index = first + spec.count - 1
+                self.s.target_workers = members + planned
                 self.plan.create_workers.extend(range(first, first + spec.count))
                 field_name = "addPods"
                 what = f"adding {', '.join(planned)}"
@@ -150,9 +149,9 @@ class Scaling(Base):
                 if problem:
                     self.fail_scaler(sc, "InvalidScaleIn", problem)
                     continue
-                self.s["targetWorkers"] = [m for m in members if m not in planned]
-                self.s["currentWorkers"] = [h for h in hosts if h not in planned]
-                self.plan.hosts = self.s["currentWorkers"]
+                self.s.target_workers = [m for m in members if m not in planned]
+                self.s.current_workers = [h for h in hosts if h not in planned]
+                self.plan.hosts = self.s.current_workers
                 field_name = "toDeletePods"
                 what = f"removing {', '.join(planned)}"
             new = copy.deepcopy(sc.status)
@@ -160,8 +159,8 @@ class Scaling(Base):
             new["startTime"] = self.now
             self.plan.scaler_status[sc.key] = new
             self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
-            self.s["currentScaler"] = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
-            self.s["scalerPods"] = planned
+            self.s.current_scaler = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
+            self.s.scaler_pods = planned
             self.cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
             self.again("a scaler started")
             return
@@ -173,8 +172,8 @@ class Scaling(Base):
         request = self.replicas_request()
         if request is not None:
             self.take_request(request)
-        elif (self.inp.status.get("currentScaler") or "") != (self.s.get("currentScaler") or ""):
-            self.follow(len(self.s["targetWorkers"]))
+        elif (self.inp.status.get("currentScaler") or "") != (self.s.current_scaler or ""):
+            self.follow(len(self.s.members))
 
     def replicas_request(self) -> int | None:
         """The spec replicas a user asked for and the operator has not taken up, if any.
@@ -183,11 +182,11 @@ class Scaling(Base):
         not have landed, replicasBefore holds the value it replaces: seeing that value is our
         write still to do (done again here), never a request, whatever crash came between."""
         spec = self.job().worker.replicas
-        accepted = self.s.get("acceptedReplicas")
+        accepted = self.s.accepted_replicas
         if accepted is None or spec == accepted:
             self.accept(spec)
             return None
-        if spec == self.s.get("replicasBefore"):
+        if spec == self.s.replicas_before:
             self.plan.spec_replicas = int(accepted)
             return None
         if any(sc.made_for == self.inp.generation and sc.owned for sc in self.inp.scalers):
@@ -203,18 +202,18 @@ class Scaling(Base):
         if wanted == worker.replicas:
             self.accept(wanted)
             return
-        self.s["acceptedReplicas"] = wanted
-        self.s["replicasBefore"] = worker.replicas
+        self.s.accepted_replicas = wanted
+        self.s.replicas_before = worker.replicas
         self.plan.spec_replicas = wanted
 
     def take_request(self, replicas: int) -> None:
         job = self.job()
-        if self.s.get("currentScaler") or any(
+        if self.s.current_scaler or any(
             sc.phase not in st.SCALE_TERMINAL and sc.key not in self.plan.scaler_status
             for sc in self.inp.scalers
         ):
             return  # let queued scalers run first; the difference is taken afterwards
-        delta = replicas - len(self.s["targetWorkers"])
+        delta = replicas - len(self.s.members)
         if delta == 0:
             self.accept(replicas)
             return
