@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
-from typing import Any
 
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.clock import iso, parse_iso
-from etoperator.planning.jobstatus import JobStatus
+from etoperator.planning.jobstatus import JobStatus, ScalerStatus
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
 from etoperator.status import Event
@@ -65,21 +63,20 @@ class Base:
 
     def scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
-    ) -> dict[str, Any]:
-        new = copy.deepcopy(self.plan.scaler_status.get(sc.key, sc.status))
+    ) -> None:
+        new = ScalerStatus.from_dict(self.plan.scaler_status.get(sc.key, sc.status))
         conds, changed = st.set_condition(
-            new.get("conditions") or [], ctype, "True", reason, message, self.now
+            new.conditions or [], ctype, "True", reason, message, self.now
         )
-        new["conditions"] = conds
-        new["phase"] = phase
+        new.conditions, new.phase = conds, phase
         if phase in st.SCALE_TERMINAL:
-            new.setdefault("completionTime", self.now)
-            started = parse_iso(new.get("startTime"))
+            new.completion_time = new.completion_time or self.now
+            started = parse_iso(new.start_time)
             secs = (self.inp.now - started).total_seconds() if started else 0.0
             result = "succeeded" if phase == st.SCALE_SUCCEEDED else "failed"
             self.plan.settled_scalers.append((sc.kind, result, f"{secs:.3f}"))
-        if new != sc.status:
-            self.plan.scaler_status[sc.key] = new
+        if new.to_dict() != sc.status:
+            self.plan.scaler_status[sc.key] = new.to_dict()
         if changed:
             event = Event("Warning" if warn else "Normal", reason, message)
             self.plan.scaler_events.setdefault(sc.key, []).append(event)
@@ -87,7 +84,6 @@ class Base:
                 self.plan.events.append(
                     Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
                 )
-        return new
 
     def fail_scaler(self, sc: ScalerView, reason: str, message: str) -> None:
         self.scaler_cond(sc, st.SCALE_FAILED, st.SCALE_FAILED, reason, message, warn=True)

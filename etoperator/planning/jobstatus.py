@@ -1,21 +1,57 @@
-"""The job's status as the planner keeps it: typed fields, read from and written back to the
-object's camelCase status. None is "absent" (as a missing key was); fields this version does
-not know are carried through unchanged."""
+"""Statuses as the planner keeps them: typed fields, read from and written back to the object's
+camelCase status. None is "absent" (as a missing key was); fields this version does not know
+are carried through unchanged."""
 
 from __future__ import annotations
 
 import copy
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 def _wire(name: str) -> str:
     return re.sub(r"_([a-z])", lambda m: m[1].upper(), name)
 
 
+class Wire:
+    """to/from the camelCase dict of the object (subclasses are dataclasses with `extra`)."""
+
+    extra: dict[str, Any]
+
+    if TYPE_CHECKING:  # the dataclasses' own __init__
+
+        def __init__(self, **values: Any) -> None: ...
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Any:
+        names = {_wire(f.name): f.name for f in fields(cls) if f.name != "extra"}  # type: ignore[arg-type]
+        known = {names[k]: copy.deepcopy(v) for k, v in raw.items() if k in names}
+        rest = {k: copy.deepcopy(v) for k, v in raw.items() if k not in names}
+        return cls(**known, extra=rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = copy.deepcopy(self.extra)
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name != "extra" and value is not None:
+                out[_wire(f.name)] = copy.deepcopy(value)
+        return out
+
+
 @dataclass
-class JobStatus:
+class ScalerStatus(Wire):
+    phase: str | None = None
+    conditions: list[dict[str, Any]] | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    add_pods: list[str] | None = None  # a ScaleOut's frozen plan
+    to_delete_pods: list[str] | None = None  # a ScaleIn's frozen plan
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobStatus(Wire):
     phase: str | None = None
     conditions: list[dict[str, Any]] | None = None
     start_time: str | None = None
@@ -35,21 +71,6 @@ class JobStatus:
     replicas_before: int | None = None  # the spec value our pending write of them replaces
     ssh_public_key: str | None = None  # trusted again if the SSH Secret must be remade
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> JobStatus:
-        names = {_wire(f.name): f.name for f in fields(cls) if f.name != "extra"}
-        known = {names[k]: copy.deepcopy(v) for k, v in raw.items() if k in names}
-        rest = {k: copy.deepcopy(v) for k, v in raw.items() if k not in names}
-        return cls(**known, extra=rest)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = copy.deepcopy(self.extra)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "extra" and value is not None:
-                out[_wire(f.name)] = copy.deepcopy(value)
-        return out
 
     @property
     def members(self) -> list[str]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime
 from typing import Any
 
 from etoperator import status as st
 from etoperator.clock import iso
+from etoperator.planning.jobstatus import ScalerStatus
 from etoperator.planning.views import ScalerView
 from etoperator.status import Event
 
@@ -40,8 +40,9 @@ def plan_orphan_scaler(
     )
     if not changed and sc.phase == phase:
         return None, None
-    new = {**copy.deepcopy(sc.status), "conditions": conds, "phase": phase}
+    new = ScalerStatus.from_dict(sc.status)
+    new.conditions, new.phase = conds, phase
     if phase == st.SCALE_FAILED:
-        new["completionTime"] = t
-        return new, Event("Warning", reason, msg)
-    return new, None
+        new.completion_time = t
+        return new.to_dict(), Event("Warning", reason, msg)
+    return new.to_dict(), None

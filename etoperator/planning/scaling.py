@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from datetime import timedelta
 from typing import Any
 
@@ -10,6 +9,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.clock import parse_iso
 from etoperator.planning.base import Base, Members
+from etoperator.planning.jobstatus import ScalerStatus
 from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
 from etoperator.planning.views import ScalerView
 
@@ -17,7 +17,7 @@ from etoperator.planning.views import ScalerView
 class Scaling(Base):
     def timed_out(self, sc: ScalerView) -> bool:
         assert sc.spec is not None
-        started = parse_iso(sc.status.get("startTime"))
+        started = parse_iso(ScalerStatus.from_dict(sc.status).start_time)
         return started is not None and self.inp.now - started >= timedelta(seconds=sc.spec.timeout)
 
     def drive_scale_out(self, sc: ScalerView, m: Members, broken: list[str]) -> Members:
@@ -142,7 +142,6 @@ class Scaling(Base):
                 self.s.last_worker_index = first + spec.count - 1
                 self.s.target_workers = members + planned
                 self.plan.create_workers.extend(range(first, first + spec.count))
-                field_name = "addPods"
                 what = f"adding {', '.join(planned)}"
             else:
                 planned, problem = check_scale_in(job, members, hosts, spec)
@@ -152,12 +151,14 @@ class Scaling(Base):
                 self.s.target_workers = [m for m in members if m not in planned]
                 self.s.current_workers = [h for h in hosts if h not in planned]
                 self.plan.hosts = self.s.current_workers
-                field_name = "toDeletePods"
                 what = f"removing {', '.join(planned)}"
-            new = copy.deepcopy(sc.status)
-            new[field_name] = planned
-            new["startTime"] = self.now
-            self.plan.scaler_status[sc.key] = new
+            new = ScalerStatus.from_dict(sc.status)
+            if spec.kind == naming.SCALEOUT_KIND:
+                new.add_pods = planned
+            else:
+                new.to_delete_pods = planned
+            new.start_time = self.now
+            self.plan.scaler_status[sc.key] = new.to_dict()
             self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
             self.s.current_scaler = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
             self.s.scaler_pods = planned
