@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
@@ -99,8 +99,67 @@ def exit_status(code: int) -> dict[str, Any]:
     }
 
 
+class TestControls:
+    """What tests do to pods (call from another thread): end them, hold and release them, make
+    their sshd refuse and then take the job's key, notice them for preemption."""
+
+    if TYPE_CHECKING:  # provided by Kubelet
+        workdir: Path
+        held: set[Key]
+        refusing: set[Key]
+        pods: dict[Key, dict[str, Any]]
+        ips: dict[Key, str]
+
+        def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T: ...
+        def _kill(self, key: Key) -> None: ...
+        def _on(self, node: str, pod: dict[str, Any], etype: str) -> None: ...
+        async def mark_terminated(self, key: Key, exit_code: int, reason: str = "") -> None: ...
+        async def _patch_status(self, node: str, key: Key, status: dict[str, Any]) -> None: ...
+
+    def finish(self, namespace: str, name: str, exit_code: int = 0, reason: str = "") -> None:
+        """End the pod's container: Succeeded for 0, Failed otherwise."""
+        key = (namespace, name)
+        self._kill(key)
+        self.call(self.mark_terminated(key, exit_code, reason))
+
+    def accept_key(self, namespace: str, name: str) -> None:
+        """A worker started with `refusing` now trusts the job's key."""
+        key = (namespace, name)
+        self.refusing.discard(key)
+        ssh_dir = self.workdir / namespace / name / "ssh"
+        (ssh_dir / "authorized_keys.job").replace(ssh_dir / "authorized_keys")
+
+    def release(self, namespace: str, name: str) -> None:
+        """Let a pod held Pending (see `held`) start now."""
+        key = (namespace, name)
+        self.held.discard(key)
+
+        async def _do() -> None:
+            pod = self.pods.get(key)
+            if pod is not None:
+                self._on(pod["spec"]["nodeName"], pod, "MODIFIED")
+
+        self.call(_do())
+
+    def disrupt(self, namespace: str, name: str) -> None:
+        """A DisruptionTarget condition, as the control plane sets before a preemption."""
+        key = (namespace, name)
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "preempted to make room for a pod of higher priority",
+            "lastTransitionTime": now_iso(),
+        }
+        pod = self.pods[key]
+        self.call(self._patch_status(pod["spec"]["nodeName"], key, {"conditions": [cond]}))
+
+    def ip(self, namespace: str, name: str) -> str | None:
+        return self.ips.get((namespace, name))
+
+
 @dataclass
-class Kubelet:
+class Kubelet(TestControls):
     cp: ControlPlane
     workdir: Path
     ssh_port: int = 2222
@@ -185,27 +244,9 @@ class Kubelet:
 
     async def register(self, node: str) -> None:
         """The Node object and its status, then a watch of the pods bound to it."""
-        if node in self._registered:
-            return
-        api = self.client(node)
-        labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}
-        try:
-            await api.request(
-                "POST",
-                "/api/v1/nodes",
-                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}},
-            )
-        except ApiStatus as exc:
-            if exc.status != 409:
-                raise
-        await api.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}/status",
-            {"status": node_status(node, self.port)},
-            None,
-            STRATEGIC,
-        )
-        self._registered[node] = self.spawn(self._pod_loop(node))
+        if node not in self._registered:
+            await register_node(self.client(node), node, self.port)
+            self._registered[node] = self.spawn(self._pod_loop(node))
 
     async def _watch_pods(
         self, api: AsyncApi, selector: str, on: Callable[[str, dict[str, Any]], None]
@@ -383,49 +424,6 @@ class Kubelet:
             status = terminated_status(pod, exit_code, reason, now_iso())
             await self._patch_status(pod["spec"]["nodeName"], key, status)
 
-    # -- test controls (call from another thread) ----------------------------------------
-
-    def finish(self, namespace: str, name: str, exit_code: int = 0, reason: str = "") -> None:
-        """End the pod's container: Succeeded for 0, Failed otherwise."""
-        key = (namespace, name)
-        self._kill(key)
-        self.call(self.mark_terminated(key, exit_code, reason))
-
-    def accept_key(self, namespace: str, name: str) -> None:
-        """A worker started with `refusing` now trusts the job's key."""
-        key = (namespace, name)
-        self.refusing.discard(key)
-        ssh_dir = self.workdir / namespace / name / "ssh"
-        (ssh_dir / "authorized_keys.job").replace(ssh_dir / "authorized_keys")
-
-    def release(self, namespace: str, name: str) -> None:
-        """Let a pod held Pending (see `held`) start now."""
-        key = (namespace, name)
-        self.held.discard(key)
-
-        async def _do() -> None:
-            pod = self.pods.get(key)
-            if pod is not None:
-                self._on(pod["spec"]["nodeName"], pod, "MODIFIED")
-
-        self.call(_do())
-
-    def disrupt(self, namespace: str, name: str) -> None:
-        """A DisruptionTarget condition, as the control plane sets before a preemption."""
-        key = (namespace, name)
-        cond = {
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": "PreemptionByScheduler",
-            "message": "preempted to make room for a pod of higher priority",
-            "lastTransitionTime": now_iso(),
-        }
-        pod = self.pods[key]
-        self.call(self._patch_status(pod["spec"]["nodeName"], key, {"conditions": [cond]}))
-
-    def ip(self, namespace: str, name: str) -> str | None:
-        return self.ips.get((namespace, name))
-
 
 def running_status(pod: dict[str, Any], ip: str, ts: str) -> dict[str, Any]:
     """The pod status a kubelet reports once the containers run."""
@@ -552,3 +550,19 @@ class KubeletAPI:
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def register_node(api: AsyncApi, node: str, port: int) -> None:
+    """A Node object of that name (made once) and a Ready status naming the kubelet's port."""
+    labels = {"kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}
+    try:
+        await api.request(
+            "POST",
+            "/api/v1/nodes",
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}},
+        )
+    except ApiStatus as exc:
+        if exc.status != 409:
+            raise
+    status = {"status": node_status(node, port)}
+    await api.request("PATCH", f"/api/v1/nodes/{node}/status", status, None, STRATEGIC)
