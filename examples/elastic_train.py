@@ -36,7 +36,8 @@ def model_() -> torch.nn.Module:
 
 
 def evaluate(model: torch.nn.Module) -> float:
-    x, y = teacher_batch(torch.Generator().manual_seed(99), 2048)
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in teacher_batch(torch.Generator().manual_seed(99), 2048))
     with torch.no_grad():
         return float(F.cross_entropy(model(x), y))
 
@@ -52,7 +53,12 @@ def main() -> None:
 
     hvd.init()
     torch.set_num_threads(1)
-    model = model_()
+    # One GPU a rank when there are GPUs (examples/training_job_gpu.yaml), else the CPU.
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
+    model = model_().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     eval_before = evaluate(model) if hvd.rank() == 0 else 0.0
@@ -72,7 +78,7 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         gen = torch.Generator().manual_seed(10_000 * state.step + hvd.rank())
         while state.step < args.steps:
-            x, y = teacher_batch(gen, args.batch_size)
+            x, y = (t.to(device) for t in teacher_batch(gen, args.batch_size))
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()

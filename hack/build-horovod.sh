@@ -5,14 +5,17 @@
 # CUDA on whenever nvcc is found; both are patched here. A cached wheel makes reruns instant.
 #
 # Usage: hack/build-horovod.sh [PYTHON]   (PYTHON: an interpreter that already has torch 2.13.0)
-# Prints the path of the wheel on its last line.
+# Prints the path of the wheel on its last line. HOROVOD_GPU=nccl builds for GPUs instead (in a
+# CUDA image with nvcc and NCCL, examples/Dockerfile.train.gpu; not built on the CI machine,
+# which has no GPU toolkit).
 set -euo pipefail
 
 PY=${1:-python3}
 VERSION=0.28.1
 CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
 TORCH=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
-OUT="$CACHE/wheels/torch-$TORCH"
+GPU=${HOROVOD_GPU:-}
+OUT="$CACHE/wheels/torch-$TORCH${GPU:+-$GPU}"
 mkdir -p "$OUT"
 
 existing=$(ls "$OUT"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
@@ -35,15 +38,18 @@ src="$work/horovod-$VERSION"
 # C++ standard: torch's headers need C++20.
 sed -i 's/^set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
-# CPU only: never probe for a CUDA compiler or toolkit, even where nvcc is installed.
-sed -i 's/^check_language(CUDA)/set(CMAKE_CUDA_COMPILER "")/; s/^    check_language(CUDA)/    set(CMAKE_CUDA_COMPILER "")/' "$src/CMakeLists.txt"
-sed -i 's/^    find_package(CUDAToolkit)$/    set(CUDAToolkit_BIN_DIR "")/' "$src/CMakeLists.txt"
 grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt"
-! grep -q '^check_language(CUDA)' "$src/CMakeLists.txt"
-
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO \
-    HOROVOD_GPU_OPERATIONS= HOROVOD_WITHOUT_GPU=1
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
+if [ "$GPU" = nccl ]; then
+    export HOROVOD_GPU_OPERATIONS=NCCL   # allreduce on the GPUs through NCCL
+else
+    # CPU only: never probe for a CUDA compiler or toolkit, even where nvcc is installed.
+    sed -i 's/^check_language(CUDA)/set(CMAKE_CUDA_COMPILER "")/; s/^    check_language(CUDA)/    set(CMAKE_CUDA_COMPILER "")/' "$src/CMakeLists.txt"
+    sed -i 's/^    find_package(CUDAToolkit)$/    set(CUDAToolkit_BIN_DIR "")/' "$src/CMakeLists.txt"
+    ! grep -q '^check_language(CUDA)' "$src/CMakeLists.txt"
+    export HOROVOD_GPU_OPERATIONS= HOROVOD_WITHOUT_GPU=1
+fi
 export MAKEFLAGS="-j$(nproc)"
 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$src" >&2
 cp "$work"/dist/horovod-"$VERSION"-*.whl "$OUT/"
