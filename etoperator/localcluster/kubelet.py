@@ -359,22 +359,16 @@ class Kubelet(TestControls):
         return await self._sshd(node, key, pod, ip)
 
     async def _sshd(self, node: str, key: Key, pod: dict[str, Any], ip: str) -> bool:
+        """A worker's sshd on its own IP, trusting the keys of its Secret volume."""
         d = self.workdir / key[0] / key[1]
-        ssh_dir = d / "ssh"
         for vol in pod["spec"].get("volumes") or []:
             if "secret" in vol:
                 files = await volumes.VolumeSource(self.client(node)).files(pod, vol)
-                volumes.write(ssh_dir, files, 0o700)
+                volumes.write(d / "ssh", files, 0o700)
                 break
-        authorized = ssh_dir / "authorized_keys"
-        if not authorized.exists():
+        cfg = sshd_files(d, ip, self.ssh_port, self.workdir, refusing=key in self.refusing)
+        if cfg is None:
             return False
-        if key in self.refusing:  # trusts some other key: the job's is refused
-            authorized.rename(ssh_dir / "authorized_keys.job")
-            authorized.write_text(generate_keypair("stranger").public_openssh)
-        cfg = d / "sshd_config"
-        cfg.write_text(sshd_config(ip, self.ssh_port, host_key(self.workdir), authorized))
-        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         self.procs[key] = procs.spawn([SSHD, "-D", "-e", "-f", str(cfg)], d / "sshd.log")
         return await wait_port(ip, self.ssh_port)
 
@@ -566,3 +560,18 @@ async def register_node(api: AsyncApi, node: str, port: int) -> None:
             raise
     status = {"status": node_status(node, port)}
     await api.request("PATCH", f"/api/v1/nodes/{node}/status", status, None, STRATEGIC)
+
+
+def sshd_files(d: Path, ip: str, port: int, workdir: Path, refusing: bool) -> Path | None:
+    """The sshd_config of a pod's sshd (None: no authorized_keys to trust yet). `refusing`:
+    it trusts some other key, so the job's is refused (test_lifecycle's readiness gate)."""
+    authorized = d / "ssh" / "authorized_keys"
+    if not authorized.exists():
+        return None
+    if refusing:
+        authorized.rename(d / "ssh" / "authorized_keys.job")
+        authorized.write_text(generate_keypair("stranger").public_openssh)
+    cfg = d / "sshd_config"
+    cfg.write_text(sshd_config(ip, port, host_key(workdir), authorized))
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    return cfg
