@@ -152,7 +152,13 @@ class FaultProxy:
             return await self._websocket(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.read()
-        hit_args = (request.method, request.path, body)
+        # Decided as the write arrives, so `fired` is set before the write can be seen landed.
+        with self._lock:
+            crash = (
+                self._crash
+                if self._crash and self._crash.hit(request.method, request.path, body)
+                else None
+            )
         async with self._upstream.request(
             request.method,
             self.cp.url + request.path_qs,
@@ -161,8 +167,6 @@ class FaultProxy:
             skip_auto_headers=("Content-Type",),
             timeout=aiohttp.ClientTimeout(total=None),
         ) as up:
-            with self._lock:
-                crash = self._crash if self._crash and self._crash.hit(*hit_args) else None
             if crash is not None:
                 crash.kill()  # the write has landed; its answer never reaches the operator
                 crash.killed.set()

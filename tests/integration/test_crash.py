@@ -89,8 +89,9 @@ def scale_once(c: Cluster, ns: str, scale: Scale, name: str, crash_at: int | Non
     crash = c.proxy.arm_crash(Crash(c.operator.kill, after=crash_at or 10**9))
     scale.start(c, ns, name, before)
     expected = len(before) + scale.delta
-    wait_for(lambda: crash.killed.is_set() or consistent(c, ns, expected), 30, f"{name} done")
-    if crash.killed.wait(0):
+    wait_for(lambda: crash.fired or consistent(c, ns, expected), 30, f"{name} done")
+    if crash.fired:  # set as the write arrived; the kill follows once it has landed
+        assert crash.killed.wait(30), "the operator was not killed"
         c.operator.start()  # a new process takes over from what it observes
     c.proxy.disarm()
     try:
