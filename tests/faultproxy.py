@@ -175,7 +175,10 @@ class FaultProxy:
             for k, v in up.headers.items():
                 if k.lower() not in HOP:
                     resp.headers[k] = v
-            await resp.prepare(request)
+            try:
+                await resp.prepare(request)
+            except ConnectionResetError:  # the operator went away (killed) before its answer
+                return resp
             watching = request.query.get("watch") in ("1", "true")
             if watching:
                 self._watches.add(resp)
