@@ -127,6 +127,9 @@ class FaultProxy:
         self._upstream = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(self.cp.ca))),
             read_bufsize=1 << 22,
+            # Bytes pass through as the apiserver sent them: decompressing here and forwarding
+            # its Content-Encoding: gzip broke every LIST large enough to be compressed.
+            auto_decompress=False,
         )
         app = web.Application(client_max_size=1 << 26)
         app.router.add_route("*", "/{tail:.*}", self._handle)
