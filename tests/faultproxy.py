@@ -125,7 +125,11 @@ class FaultProxy:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(str(pair.cert), str(pair.key))
         self._upstream = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=str(self.cp.ca))),
+            # No pool limit: a killed operator's watches stay open upstream until they time out,
+            # and after enough kills a limited pool would make every new request wait.
+            connector=aiohttp.TCPConnector(
+                ssl=ssl.create_default_context(cafile=str(self.cp.ca)), limit=0
+            ),
             read_bufsize=1 << 22,
             # Bytes pass through as the apiserver sent them: decompressing here and forwarding
             # its Content-Encoding: gzip broke every LIST large enough to be compressed.
@@ -133,7 +137,8 @@ class FaultProxy:
         )
         app = web.Application(client_max_size=1 << 26)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None)
+        # A request whose client went away is cancelled, releasing its upstream request.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=ctx).start()
 
