@@ -40,22 +40,24 @@ class Wire:
 
 
 @dataclass
-class ScalerStatus(Wire):
+class CommonStatus(Wire):
+    """What every kind's status has (as crds.py's `_common_status`)."""
+
     phase: str | None = None
     conditions: list[dict[str, Any]] | None = None
     start_time: str | None = None
     completion_time: str | None = None
-    add_pods: list[str] | None = None  # a ScaleOut's frozen plan
-    to_delete_pods: list[str] | None = None  # a ScaleIn's frozen plan
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
 
 
 @dataclass
-class JobStatus(Wire):
-    phase: str | None = None
-    conditions: list[dict[str, Any]] | None = None
-    start_time: str | None = None
-    completion_time: str | None = None
+class ScalerStatus(CommonStatus):
+    add_pods: list[str] | None = None  # a ScaleOut's frozen plan
+    to_delete_pods: list[str] | None = None  # a ScaleIn's frozen plan
+
+
+@dataclass
+class JobStatus(CommonStatus):
     restart_count: int | None = None
     observed_generation: int | None = None
     worker_selector: str | None = None
@@ -70,7 +72,6 @@ class JobStatus(Wire):
     accepted_replicas: int | None = None  # spec replicas accounted for (`kubectl scale`)
     replicas_before: int | None = None  # the spec value our pending write of them replaces
     ssh_public_key: str | None = None  # trusted again if the SSH Secret must be remade
-    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
 
     @property
     def members(self) -> list[str]:
