@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.02, help="per-worker learning rate")
     p.add_argument("--commit-every", type=int, default=5)
-    p.add_argument("--step-sleep", type=float, default=0.05, help="simulated extra compute")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="simulated extra compute")
     args = p.parse_args()
 
     hvd.init()

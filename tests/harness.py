@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from etoperator import kube, naming
 from etoperator.localcluster.cluster import LocalCluster, OperatorProcess
 from etoperator.localcluster.controlplane import ControlPlane
 from etoperator.localcluster.kubelet import Kubelet
+from etoperator.localcluster.process import ProcessKubelet
 from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +63,17 @@ def start_cluster(
     operator = local.start_operator(proxy.url)
     api = kube.Kube(kube.load_config(str(local.kubeconfig)))
     return Cluster(local, local.cp, local.kubelet, operator, proxy, local.kubeconfig, api)
+
+
+def start_process_cluster(tmp: Path, ssh_port: int) -> Cluster:
+    """The full chain: pods run their commands (real sshd workers, a real `horovodrun`)."""
+
+    def kubelet(cp: ControlPlane) -> ProcessKubelet:
+        return ProcessKubelet(
+            cp, tmp / "pods", ssh_port=ssh_port, repo=ROOT, venv_bin=Path(sys.executable).parent
+        )
+
+    return start_cluster(tmp, kubelet, ssh_port)
 
 
 @dataclass

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from etoperator.localcluster.controlplane import ControlPlane
-from etoperator.localcluster.process import ProcessKubelet
-from tests.harness import ROOT, Cluster, start_cluster
+from tests.harness import Cluster, start_process_cluster
 
 SSH_PORT = 2022  # the pods' sshd port (ssh finds it through the per-pod `Host` blocks)
 
@@ -40,18 +38,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     why = _why_not()
     if why:
         pytest.fail(why)
-    tmp = tmp_path_factory.mktemp("chain")
-
-    def kubelet(cp: ControlPlane) -> ProcessKubelet:
-        return ProcessKubelet(
-            cp,
-            tmp / "pods",
-            ssh_port=SSH_PORT,
-            repo=ROOT,
-            venv_bin=Path(sys.executable).parent,
-        )
-
-    c = start_cluster(tmp, kubelet, SSH_PORT)
+    c = start_process_cluster(tmp_path_factory.mktemp("chain"), SSH_PORT)
     try:
         yield c
     finally:

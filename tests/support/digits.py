@@ -1,0 +1,164 @@
+"""The digits example (examples/digits_train.py) run two ways on this machine, for the full
+chain and for `make bench`: statically under plain `horovodrun`, and elastically as the
+TrainingJob of examples/training_job_digits.yaml through ScaleOut +2, ScaleIn by count, ScaleIn
+by name and a killed worker."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, cast
+
+import yaml
+
+from etoperator.localcluster.process import ProcessKubelet
+from tests.harness import ROOT, Cluster, wait_for
+from tests.support.manifests import scalein, scaleout
+
+TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
+MAX_RANKS = 4  # the example job's maxReplicas, one slot each
+EXAMPLE = ROOT / "examples/training_job_digits.yaml"
+JOB = "digits"
+EPOCH = re.compile(r"EPOCH (\d+) size=(\d+) test_accuracy=([\d.]+) t=([\d.]+)")
+DONE = re.compile(r"DONE epochs=(\d+) size=(\d+) test_accuracy=([\d.]+) resets=(\d+)")
+
+
+class Epoch(NamedTuple):
+    n: int
+    size: int
+    accuracy: float
+    t: float
+
+
+@dataclass(frozen=True)
+class Run:
+    """What rank 0 printed."""
+
+    text: str
+
+    @property
+    def epochs(self) -> list[Epoch]:
+        return [
+            Epoch(int(a), int(b), float(c), float(d)) for a, b, c, d in EPOCH.findall(self.text)
+        ]
+
+    @property
+    def accuracy(self) -> float | None:
+        m = DONE.search(self.text)
+        return float(m[3]) if m else None
+
+    def first_epoch_at(self, size: int, after: float) -> float | None:
+        return next((e.t for e in self.epochs if e.size == size and e.t >= after), None)
+
+    def samples_per_s(self) -> float:
+        """Training speed between the first and the last epoch's end (start-up left out)."""
+        e = self.epochs
+        if len(e) < 3:
+            return float("nan")
+        return (len(e) - 1) * TRAIN_SAMPLES / (e[-1].t - e[0].t)
+
+
+def static(epochs: int, ranks: int = 2, samples: Path | None = None) -> Run:
+    """Plain `horovodrun -np <ranks> -H localhost:<ranks>`: no operator, no resizes."""
+    venv = Path(sys.executable).parent
+    cmd = [
+        str(venv / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
+        sys.executable, str(ROOT / "examples/digits_train.py"), "--epochs", str(epochs),
+    ]  # fmt: skip
+    if samples is not None:
+        cmd += ["--log-samples", str(samples)]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return Run(out.stdout)
+
+
+def manifest(epochs: int, samples: Path | None = None) -> dict[str, Any]:
+    """The example job with its epochs set and, for the tests, the sample log on."""
+    doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    cmd = doc["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]["command"]
+    cmd[cmd.index("--epochs") + 1] = str(epochs)
+    if samples is not None:
+        cmd += ["--log-samples", str(samples)]
+    return doc
+
+
+@dataclass
+class Elastic:
+    """The example job on the local full-chain cluster, driven through its resizes."""
+
+    c: Cluster
+    ns: str
+    log: Callable[[], str]  # the launcher's output so far
+    killed_at: float = 0.0
+
+    @classmethod
+    def on(cls, c: Cluster, ns: str) -> Elastic:
+        def log() -> str:
+            path = cast(ProcessKubelet, c.kubelet).logs.get((ns, f"{JOB}-launcher"))
+            return path.read_text(errors="replace") if path and path.exists() else ""
+
+        return cls(c, ns, log)
+
+    def run(self) -> Run:
+        return Run(self.log())
+
+    def create(self, epochs: int, samples: Path | None) -> None:
+        out = self.c.kubectl_create(self.ns, manifest(epochs, samples))
+        assert out.returncode == 0, out.stderr
+        wait_for(lambda: self.run().first_epoch_at(2, 0), 180, "an epoch on 2 workers", 0.2)
+
+    def step(self, what: str, size: int, act: Callable[[], object]) -> float:
+        """`act`, then the first epoch that ends at `size`: the seconds between."""
+        t0 = time.time()
+        act()
+        t = wait_for(lambda: self.run().first_epoch_at(size, t0), 120, f"{what}: size {size}", 0.2)
+        assert t is not None
+        return t - t0
+
+    def scale(self, what: str, size: int, body: dict[str, Any]) -> float:
+        """Create a scaler; time it to the new size, then wait for it to succeed."""
+        took = self.step(
+            what, size, lambda: self.c.kubectl_create(self.ns, body).check_returncode()
+        )
+        kind, name = body["kind"], body["metadata"]["name"]
+        wait_for(
+            lambda: self.c.phase(self.ns, name, kind) == "ScaleSucceeded", 60, f"{what} done", 0.2
+        )
+        return took
+
+    def finish(self) -> Run:
+        wait_for(lambda: self.c.phase(self.ns, JOB) == "Succeeded", 600, "the job to succeed", 1)
+        return self.run()
+
+    def kill(self, pod: str) -> None:
+        self.killed_at = time.time()
+        cast(ProcessKubelet, self.c.kubelet).crash(self.ns, pod)
+
+    def tour(self) -> dict[str, float]:
+        """ScaleOut +2, ScaleIn by count, ScaleIn by name, a killed worker: each timed to the
+        first epoch at the new size; then the job must succeed."""
+        w = f"{JOB}-worker"
+        timings = {
+            "scale_out_+2": self.scale("ScaleOut +2", 4, scaleout("out", JOB, 2)),
+            "scale_in_count_1": self.scale("ScaleIn 1", 3, scalein("in", JOB, 1)),
+            "scale_in_by_name": self.scale(
+                "ScaleIn worker-1", 2, scalein("in-name", JOB, pod_names=[f"{w}-1"])
+            ),
+        }
+        hosts = self.c.hosts(self.ns, JOB)
+        assert hosts == [f"{w}-0", f"{w}-2"], hosts
+        timings["worker_killed"] = self.step("worker-2 killed", 1, lambda: self.kill(f"{w}-2"))
+        hosts = self.c.hosts(self.ns, JOB)
+        assert hosts == [f"{w}-0"], hosts
+        self.finish()
+        return timings
