@@ -17,8 +17,11 @@ from etoperator.builders.common import Owner, metadata
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
+# Horovod runs this every second for as long as the job lives, so it is kept cheap: no site
+# packages (-S), nothing heavier than socket and ssl imported, one HTTP/1.0 GET (the server
+# closes, so the body is what follows the headers).
 _READER = r"""
-import json, os, ssl, sys, tempfile, urllib.request
+import json, os, socket, ssl, sys
 
 cm, ns, sa, cache, mounted = sys.argv[1:6]
 
@@ -29,24 +32,41 @@ def emit(text):
     sys.exit(0)
 
 
+def get(host, port, path, token, ca):
+    ctx = ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
+    name = "[" + host + "]" if ":" in host else host
+    request = (
+        "GET %s HTTP/1.0\r\nHost: %s:%s\r\nAuthorization: Bearer %s\r\n"
+        "Accept: application/json\r\n\r\n" % (path, name, port, token)
+    )
+    chunks = []
+    with socket.create_connection((host, int(port)), timeout=2) as raw:
+        with ctx.wrap_socket(raw, server_hostname=host) as conn:
+            conn.sendall(request.encode())
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if status != [b"200"]:
+        raise ValueError("HTTP status %s" % (b"".join(status).decode() or "missing"))
+    return json.loads(body)
+
+
 try:
-    host = os.environ["KUBERNETES_SERVICE_HOST"]
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if ":" in host:
-        host = "[" + host + "]"
     with open(os.path.join(sa, "token")) as f:
         token = f.read().strip()
-    ca = os.path.join(sa, "ca.crt")
-    ctx = ssl.create_default_context(cafile=ca if os.path.exists(ca) else None)
     # resourceVersion=0: served from the apiserver's watch cache, never a read of etcd.
-    url = "https://%s:%s/api/v1/namespaces/%s/configmaps/%s?resourceVersion=0" % (
-        host, port, ns, cm
+    obj = get(
+        os.environ["KUBERNETES_SERVICE_HOST"],
+        os.environ.get("KUBERNETES_SERVICE_PORT", "443"),
+        "/api/v1/namespaces/%s/configmaps/%s?resourceVersion=0" % (ns, cm),
+        token,
+        os.path.join(sa, "ca.crt"),
     )
-    req = urllib.request.Request(
-        url, headers={"Authorization": "Bearer " + token, "Accept": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
-        text = json.load(resp)["data"]["hostfile"]
+    text = obj["data"]["hostfile"]
     if not text.strip():
         raise ValueError("the live host list is empty")  # a job never runs on no hosts
 except Exception as exc:  # any failure: fall back to the last good list
@@ -59,8 +79,8 @@ except Exception as exc:  # any failure: fall back to the last good list
             continue
     sys.exit(1)
 try:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cache) or ".")
-    with os.fdopen(fd, "w") as f:
+    tmp = "%s.%d" % (cache, os.getpid())
+    with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, cache)
 except OSError:
@@ -90,7 +110,7 @@ def discover_script(job: str, namespace: str) -> str:
         'mounted="$(dirname "$0")/hostfile"\n'
         "py=$(command -v python3 || command -v python)\n"
         'if [ -z "$py" ]; then exec cat "$mounted"; fi\n'
-        f'exec "$py" - {cm} {ns} "$sa" "$cache" "$mounted" <<\'ETOPERATOR_PY\'\n'
+        f'exec "$py" -S -E - {cm} {ns} "$sa" "$cache" "$mounted" <<\'ETOPERATOR_PY\'\n'
         f"{_READER.strip()}\n"
         "ETOPERATOR_PY\n"
     )
