@@ -46,7 +46,7 @@ class Children(State):
         """The Secret the annotation names: not the job's own, so not watched; read again at
         most every few minutes (and whenever it was found wanting)."""
         key = job_key(spec.namespace, spec.name, spec.uid)
-        checked = self._basics_checked.get(key)
+        checked = self._user_secret_checked.get(key)
         if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
             return []
         secret, name = self._user_secret(spec), spec.ssh_secret
@@ -61,9 +61,9 @@ class Children(State):
                 "Secret of its own (its key opens that job's workers)"
             )
         if problems:
-            self._basics_checked.pop(key, None)
+            self._user_secret_checked.pop(key, None)
         else:
-            self._basics_checked[key] = self.clock()
+            self._user_secret_checked[key] = self.clock()
         return problems
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:

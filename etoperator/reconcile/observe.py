@@ -23,7 +23,7 @@ from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
 from etoperator.planning import PodView, ScalerView
-from etoperator.reconcile.state import State, job_key, ref
+from etoperator.reconcile.state import State, job_key, job_of, ref
 from etoperator.sshcheck import SSHUnavailable, busy_script, load_key
 
 log = logging.getLogger(__name__)
@@ -150,22 +150,22 @@ class Observing(State):
     def stale(self, obs: Observed) -> bool:
         """The cache still shows an object as it was before one of our writes: wait for the
         watch to bring the write (acting on it would only meet a 409)."""
+        mine = self._superseded.get(job_of(obs.job), {})
+        shown = {ref(body): body for body in (obs.job, *obs.scalers)}
         stale = False
-        for body in (obs.job, *obs.scalers):
-            old = self._superseded.get(ref(body))
-            if old is None:
-                continue
-            if body["metadata"].get("resourceVersion") in old:
+        for r, old in list(mine.items()):
+            body = shown.get(r)
+            if body is not None and body["metadata"].get("resourceVersion") in old:
                 stale = True
-            else:
-                self._superseded.pop(ref(body))  # the cache has caught up
+            else:  # the cache has caught up, or the object left the job's view (deleted)
+                mine.pop(r)
         return stale
 
     def wrote(self, before: dict[str, Any]) -> None:
         """`before` was replaced by a write of ours: until the cache moves past it (and any
         version between our writes), it is stale."""
-        old = self._superseded.setdefault(ref(before), set())
-        old.add(before["metadata"]["resourceVersion"])
+        mine = self._superseded.setdefault(job_of(before), {})
+        mine.setdefault(ref(before), set()).add(before["metadata"]["resourceVersion"])
 
     def _ssh_key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
         cache_key = f"{job_key(job.namespace, job.name, job.uid)}/{secret_name}"

@@ -47,9 +47,21 @@ def job_key(namespace: str, name: str, uid: str) -> str:
     return f"{namespace}/{name}/{uid}"
 
 
-def ref(body: dict[str, Any]) -> tuple[str, str, str]:
+Ref = tuple[str, str, str]  # kind, namespace, name
+
+
+def ref(body: dict[str, Any]) -> Ref:
     meta = body["metadata"]
     return (str(body.get("kind")), meta.get("namespace", ""), meta["name"])
+
+
+def job_of(body: dict[str, Any]) -> tuple[str, str]:
+    """The job whose view `body` is in: itself, or the one a scaler selects."""
+    meta = body["metadata"]
+    if body.get("kind") == naming.JOB_KIND:
+        return (meta.get("namespace", ""), meta["name"])
+    selector = (body.get("spec") or {}).get("selector") or {}
+    return (meta.get("namespace", ""), str(selector.get("name", "")))
 
 
 def refused(exc: ApiError) -> bool:
@@ -76,7 +88,7 @@ class State:
     max_workers: int = DEFAULT_MAX_WORKERS
     _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
     _key_texts: dict[str, str] = field(default_factory=dict)  # to recreate a deleted Secret
-    _basics_checked: dict[str, datetime] = field(default_factory=dict)
+    _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
     _act_problems: dict[str, list[str]] = field(default_factory=dict)  # children in the way
     _public: dict[str, str] = field(default_factory=dict)  # the job's trusted public key
     _squatted: dict[str, list[str]] = field(default_factory=dict)  # worker names others hold
@@ -88,7 +100,9 @@ class State:
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, "etoperator-script")
     )
     _scripts: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
-    _superseded: dict[tuple[str, str, str], set[str]] = field(default_factory=dict)
+    # Per job (namespace, name): objects of its view (the job, its scalers) -> versions that a
+    # write of ours replaced, which the cache may still show.
+    _superseded: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def now(self) -> str:
@@ -97,18 +111,23 @@ class State:
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems)."""
         prefix = f"{namespace}/{job}/"
-        caches = (self._keys, self._key_texts, self._basics_checked, self._act_problems)
+        caches = (self._keys, self._key_texts, self._user_secret_checked, self._act_problems)
         for cache in (*caches, self._squatted, self._public):
             for k in [k for k in cache if k.startswith(prefix)]:
                 cache.pop(k)
         self._refused = {k for k in self._refused if not k.startswith(prefix)}
+        self._superseded.pop((namespace, job), None)
+
+    def superseded(self) -> int:
+        """How many objects are remembered as written but maybe not yet seen so."""
+        return sum(len(v) for v in self._superseded.values())
 
     def child_changed(self, namespace: str, job: str, kind: str, deleted: bool) -> None:
-        """Someone else changed or deleted a child: look at the basics again on the next pass;
+        """Someone else changed or deleted a child: read the user's Secret again on the next pass;
         a changed Secret's key replaces the one we hold (a deleted one's is kept to recreate)."""
         prefix = f"{namespace}/{job}/"
-        for k in [k for k in self._basics_checked if k.startswith(prefix)]:
-            self._basics_checked.pop(k)
+        for k in [k for k in self._user_secret_checked if k.startswith(prefix)]:
+            self._user_secret_checked.pop(k)
         if kind == "Secret" and not deleted:
             for cache in (self._keys, self._key_texts):
                 for k in [k for k in cache if k.endswith(f"/{naming.secret_name(job)}")]:

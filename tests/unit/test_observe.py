@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from etoperator.reconcile.observe import classify, probes_wanted, scale_in_victims, settle
+from etoperator.cache import Observed
+from etoperator.kube import Kube
+from etoperator.reconcile.observe import (
+    Observing,
+    classify,
+    probes_wanted,
+    scale_in_victims,
+    settle,
+)
 
 
 def pod(name: str, phase: str = "Running", role: str = "worker", **meta: Any) -> dict[str, Any]:
@@ -55,3 +63,30 @@ def test_victims_are_those_of_the_running_scale_in() -> None:
     scaler = {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}
     assert scale_in_victims({"currentScaler": "ScaleIn:ns/cut"}, [scaler]) == {"a"}
     assert scale_in_victims({"currentScaler": "ScaleOut:ns/cut"}, [scaler]) == set()
+
+
+def body(kind: str, name: str, version: str, selects: str = "j") -> dict[str, Any]:
+    spec = {"selector": {"name": selects}} if kind != "TrainingJob" else {}
+    return {
+        "kind": kind,
+        "metadata": {"namespace": "ns", "name": name, "resourceVersion": version},
+        "spec": spec,
+    }
+
+
+def observed(job: dict[str, Any], *scalers: dict[str, Any]) -> Observed:
+    return Observed(job, None, None, [], [], None, list(scalers))
+
+
+def test_what_a_write_made_stale_is_forgotten_with_the_object() -> None:
+    """A scaler deleted before the cache showed our write to it leaves nothing behind."""
+    state = Observing(kube=cast(Kube, None))
+    job, scaler = body("TrainingJob", "j", "1"), body("ScaleOut", "out", "5")
+    state.wrote(scaler)
+    assert state.stale(observed(job, scaler))  # the cache still shows the old version
+    assert not state.stale(observed(job, body("ScaleOut", "out", "6")))  # caught up
+    state.wrote(scaler)
+    state.stale(observed(job))  # deleted: the job's view no longer has it
+    state.wrote(job)
+    state.forget("ns", "j")
+    assert state.superseded() == 0
