@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from tests.support.manifests import scalein, scaleout
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each
+EPOCHS = 60  # enough for the tour's four resizes to happen well before the last epoch
 EXAMPLE = ROOT / "examples/training_job_digits.yaml"
 JOB = "digits"
 EPOCH = re.compile(r"EPOCH (\d+) size=(\d+) test_accuracy=([\d.]+) t=([\d.]+)")
@@ -65,19 +67,30 @@ class Run:
         return (len(e) - 1) * TRAIN_SAMPLES / (e[-1].t - e[0].t)
 
 
-def static(epochs: int, ranks: int = 2, samples: Path | None = None) -> Run:
-    """Plain `horovodrun -np <ranks> -H localhost:<ranks>`: no operator, no resizes."""
+def static(epochs: int, ranks: int = 2, samples: Path | None = None, elastic: bool = False) -> Run:
+    """Plain `horovodrun` on this machine, no operator and no resizes: `-H localhost:<ranks>`,
+    or with `elastic` the job's own launch shape (`--host-discovery-script`), with a script
+    that always prints `localhost:<ranks>`."""
     venv = Path(sys.executable).parent
-    cmd = [
-        str(venv / "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-        sys.executable, str(ROOT / "examples/digits_train.py"), "--epochs", str(epochs),
-    ]  # fmt: skip
-    if samples is not None:
-        cmd += ["--log-samples", str(samples)]
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as d:
+        if elastic:
+            script = Path(d) / "discover_hosts.sh"
+            script.write_text(f"#!/bin/sh\necho localhost:{ranks}\n")
+            script.chmod(0o755)
+            hosts = ["--min-np", "1", "--max-np", str(MAX_RANKS), "--host-discovery-script",
+                     str(script), "--network-interface", "lo"]  # fmt: skip
+        else:
+            hosts = ["-H", f"localhost:{ranks}"]
+        cmd = [
+            str(venv / "horovodrun"), "-np", str(ranks), *hosts,
+            sys.executable, str(ROOT / "examples/digits_train.py"), "--epochs", str(epochs),
+        ]  # fmt: skip
+        if samples is not None:
+            cmd += ["--log-samples", str(samples)]
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=900,
+            env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return Run(out.stdout)
 
