@@ -15,7 +15,7 @@ from tests.harness import Cluster
 from tests.support import digits, samples
 
 pytestmark = pytest.mark.fullchain
-EPOCHS = 60
+EPOCHS = digits.EPOCHS
 
 
 def test_elastic_run_trains_every_sample_and_matches_a_static_run(
