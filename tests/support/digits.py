@@ -1,7 +1,7 @@
 """The digits example (examples/digits_train.py) run two ways on this machine, for the full
 chain and for `make bench`: statically under plain `horovodrun`, and elastically as the
-TrainingJob of examples/training_job_digits.yaml through ScaleOut +2, ScaleIn by count, ScaleIn
-by name and a killed worker."""
+TrainingJob of examples/training_job_digits.yaml through the scaler examples (ScaleOut +2,
+ScaleIn by count, ScaleIn by name) and a killed worker."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ import yaml
 
 from etoperator.localcluster.process import ProcessKubelet
 from tests.harness import ROOT, Cluster, wait_for
-from tests.support.manifests import scalein, scaleout
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each
 EPOCHS = 60  # enough for the tour's four resizes to happen well before the last epoch
 EXAMPLE = ROOT / "examples/training_job_digits.yaml"
-JOB = "digits"
+JOB = "elastic-training"  # the example's name (the scaler examples select it)
 EPOCH = re.compile(r"EPOCH (\d+) size=(\d+) test_accuracy=([\d.]+) t=([\d.]+)")
 DONE = re.compile(r"DONE epochs=(\d+) size=(\d+) test_accuracy=([\d.]+) resets=(\d+)")
 
@@ -93,6 +92,12 @@ def static(epochs: int, ranks: int = 2, samples: Path | None = None, elastic: bo
         )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return Run(out.stdout)
+
+
+def example(name: str) -> dict[str, Any]:
+    """One of the scaler examples, as shipped (they select the example job by its name)."""
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / name).read_text())
+    return doc
 
 
 def manifest(epochs: int, samples: Path | None = None) -> dict[str, Any]:
@@ -162,11 +167,9 @@ class Elastic:
         first epoch at the new size; then the job must succeed."""
         w = f"{JOB}-worker"
         timings = {
-            "scale_out_+2": self.scale("ScaleOut +2", 4, scaleout("out", JOB, 2)),
-            "scale_in_count_1": self.scale("ScaleIn 1", 3, scalein("in", JOB, 1)),
-            "scale_in_by_name": self.scale(
-                "ScaleIn worker-1", 2, scalein("in-name", JOB, pod_names=[f"{w}-1"])
-            ),
+            "scale_out_+2": self.scale("ScaleOut +2", 4, example("scale_out.yaml")),
+            "scale_in_count_1": self.scale("ScaleIn 1", 3, example("scale_in_count.yaml")),
+            "scale_in_by_name": self.scale("ScaleIn worker-1", 2, example("scale_in_pod.yaml")),
         }
         hosts = self.c.hosts(self.ns, JOB)
         assert hosts == [f"{w}-0", f"{w}-2"], hosts
