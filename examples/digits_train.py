@@ -132,23 +132,16 @@ def main() -> None:
             loader = torch.utils.data.DataLoader(
                 train, batch_size=args.batch_size, sampler=state.sampler
             )
-            order = list(iter(state.sampler))
+            order = list(iter(state.sampler)) if log is not None else []  # for the log only
             for i, (x, y) in enumerate(loader):
                 x, y = x.to(device), y.to(device)
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 optimizer.step()
-                done, order = order[: len(x)], order[len(x) :]
                 if log is not None:
-                    print(
-                        state.epoch,
-                        state.commits,
-                        attempt,
-                        f"{time.time():.3f}",
-                        *done,
-                        file=log,
-                        flush=True,
-                    )
+                    batch = order[i * args.batch_size : (i + 1) * args.batch_size]
+                    when = f"{time.time():.3f}"
+                    print(state.epoch, state.commits, attempt, when, *batch, file=log, flush=True)
                 state.sampler.record_batch(i, args.batch_size)
                 if (i + 1) % args.commit_every == 0:
                     state.commits += 1

@@ -141,6 +141,11 @@ class Cluster:
             pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         return sorted(p["metadata"]["name"] for p in pods)
 
+    def pod_log(self, ns: str, name: str) -> str:
+        """What the pod's container printed so far (kubelets that run commands keep it)."""
+        path = self.kubelet.log_path((ns, name))
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
     def hosts(self, ns: str, job: str) -> list[str]:
         cm = self.api.get("ConfigMap", ns, naming.config_map_name(job))
         text = ((cm or {}).get("data") or {}).get(naming.HOSTFILE_KEY, "")

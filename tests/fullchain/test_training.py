@@ -23,13 +23,7 @@ def test_preemption_notice_shrinks_without_rollback(chain: Cluster) -> None:
     kubelet = cast(ProcessKubelet, c.kubelet)
     ns = c.new_namespace()
     c.kubectl("-n", ns, "create", "-f", str(ROOT / "examples/training_job.yaml"))
-    launcher = (ns, f"{JOB}-launcher")
-
-    def launcher_log() -> str:
-        path = kubelet.logs.get(launcher)
-        return path.read_text(errors="replace") if path and path.exists() else ""
-
-    tr = Training(launcher_log)
+    tr = Training(lambda: c.pod_log(ns, f"{JOB}-launcher"))
     wait_for(
         lambda: len([s for s in tr.read().steps if s[1] == 2]) >= 20,
         120,

@@ -5,7 +5,6 @@ ScaleIn by count, ScaleIn by name) and a killed worker."""
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import subprocess
@@ -25,7 +24,7 @@ from tests.harness import ROOT, Cluster, wait_for
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each
 EPOCHS = 60  # enough for the tour's four resizes to happen well before the last epoch
-EXAMPLE = ROOT / "examples/training_job_digits.yaml"
+EXAMPLE = "training_job_digits.yaml"
 JOB = "elastic-training"  # the example's name (the scaler examples select it)
 EPOCH = re.compile(r"EPOCH (\d+) size=(\d+) test_accuracy=([\d.]+) t=([\d.]+)")
 DONE = re.compile(r"DONE epochs=(\d+) size=(\d+) test_accuracy=([\d.]+) resets=(\d+)")
@@ -102,7 +101,7 @@ def example(name: str) -> dict[str, Any]:
 
 def manifest(epochs: int, samples: Path | None = None) -> dict[str, Any]:
     """The example job with its epochs set and, for the tests, the sample log on."""
-    doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    doc = example(EXAMPLE)
     cmd = doc["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]["command"]
     cmd[cmd.index("--epochs") + 1] = str(epochs)
     if samples is not None:
@@ -121,11 +120,7 @@ class Elastic:
 
     @classmethod
     def on(cls, c: Cluster, ns: str) -> Elastic:
-        def log() -> str:
-            path = cast(ProcessKubelet, c.kubelet).logs.get((ns, f"{JOB}-launcher"))
-            return path.read_text(errors="replace") if path and path.exists() else ""
-
-        return cls(c, ns, log)
+        return cls(c, ns, lambda: c.pod_log(ns, f"{JOB}-launcher"))
 
     def run(self) -> Run:
         return Run(self.log())
