@@ -50,12 +50,13 @@ class Scripts(State):
     def report_script(self, scaler: dict[str, Any], code: int | None, launcher: str) -> None:
         ok = code == 0
         msg = f"script exited {code} on {launcher}"
+        reason = "ScriptSucceeded" if ok else "ScriptFailed"
         meta = scaler["metadata"]
         conds, _ = st.set_condition(
             (scaler.get("status") or {}).get("conditions") or [],
             "ScriptExecuted",
             "True" if ok else "False",
-            "ScriptSucceeded" if ok else "ScriptFailed",
+            reason,
             msg,
             self.now(),
         )
@@ -63,5 +64,4 @@ class Scripts(State):
             scaler["kind"], meta["namespace"], meta["name"], {"status": {"conditions": conds}},
             sub="status",
         )  # fmt: skip
-        reason = "ScriptSucceeded" if ok else "ScriptFailed"
         self.kube.event(scaler, "Normal" if ok else "Warning", reason, msg, self.clock())
