@@ -8,6 +8,7 @@ the CRD was updated) still gets a clear Failed condition instead of a crash.
 from __future__ import annotations
 
 import copy
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +84,7 @@ def _container(c: dict[str, Any], what: str, first: bool) -> None:
         _str(m.get("mountPath"), f"{where}.mountPath", required=True)
         if m["name"] in RESERVED_VOLUMES:
             raise InvalidSpec(f"{where}.name {m['name']!r} is the operator's volume; pick another")
-        if first and m["mountPath"].rstrip("/") in RESERVED_MOUNTS:
+        if first and posixpath.normpath(m["mountPath"]) in RESERVED_MOUNTS:
             raise InvalidSpec(
                 f"{where}.mountPath {m['mountPath']} is where the operator mounts its own volume"
             )
@@ -222,10 +223,28 @@ def _worker(worker: dict[str, Any], max_workers: int) -> WorkerSpec:
     )
 
 
+def _run_as_user(spec: dict[str, Any]) -> Any:
+    """The uid the first container asks to run as (its own securityContext, else the pod's)."""
+    for ctx in (spec["containers"][0].get("securityContext"), spec.get("securityContext")):
+        if isinstance(ctx, dict) and ctx.get("runAsUser") is not None:
+            return ctx["runAsUser"]
+    return None
+
+
 def _launcher(launcher: dict[str, Any]) -> LauncherSpec:
     f.LAUNCHER_REPLICAS.parse(launcher.get("replicas"))
+    template = _template(launcher.get("template"), f"{f.L}.template")
+    uid = _run_as_user(template["spec"])
+    if uid not in (None, 0):
+        # OpenSSH needs the user in the image's passwd and its key under that user's home; the
+        # job's key is at /root/.ssh, which only root can reach. Said now, not after a hang.
+        raise InvalidSpec(
+            f"{f.L}.template: the launcher's first container runs as uid {uid}, but horovodrun "
+            f"reaches the workers with ssh and the job's key at {naming.SSH_MOUNT}, which only "
+            "root can read; run the launcher as root (runAsUser 0 or unset)"
+        )
     return LauncherSpec(
-        template=_template(launcher.get("template"), f"{f.L}.template"),
+        template=template,
         restart_policy=f.LAUNCHER_RESTART.parse(launcher.get("restartPolicy")),
     )
 

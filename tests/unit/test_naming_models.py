@@ -112,6 +112,47 @@ def test_parse_job_refuses(mutate: Callable[[dict[str, Any]], object], needle: s
         parse_job(b)
 
 
+def _launcher_spec(b: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize(
+    "pod_ctx,container_ctx,refused",
+    [
+        ({"runAsUser": 1000}, None, True),
+        (None, {"runAsUser": 1000}, True),
+        ({"runAsUser": 1000}, {"runAsUser": 0}, False),  # the container's own wins
+        ({"runAsUser": 0}, None, False),
+        ({"fsGroup": 1000}, None, False),
+    ],
+)
+def test_a_non_root_launcher_is_refused_at_once(
+    pod_ctx: dict[str, Any] | None, container_ctx: dict[str, Any] | None, refused: bool
+) -> None:
+    """ssh in the launcher needs the job's key under /root/.ssh and a passwd entry: a launcher
+    that runs as another user could never reach a worker, so the job says so before any pod."""
+    b = body()
+    spec = _launcher_spec(b)
+    if pod_ctx is not None:
+        spec["securityContext"] = pod_ctx
+    if container_ctx is not None:
+        spec["containers"][0]["securityContext"] = container_ctx
+    if refused:
+        with pytest.raises(InvalidSpec, match=r"launcher.*runs as uid 1000.*root"):
+            parse_job(b)
+    else:
+        parse_job(b)
+
+
+@pytest.mark.parametrize("path", ["/root/./.ssh", "/root//.ssh/", "/etc/../etc/edl", "/root/.ssh/"])
+def test_reserved_mount_paths_are_compared_normalized(path: str) -> None:
+    b = body()
+    _launcher_spec(b)["containers"][0]["volumeMounts"] = [{"name": "x", "mountPath": path}]
+    with pytest.raises(InvalidSpec, match="where the operator mounts its own volume"):
+        parse_job(b)
+
+
 def test_parse_job_does_not_mutate_input() -> None:
     b = body()
     before = copy.deepcopy(b)
