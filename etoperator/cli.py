@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
         os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
     import kopf
+    from kopf._core.engines.peering import Identity  # not re-exported by kopf
 
     import etoperator.handlers  # noqa: F401  (registers the handlers)
+    from etoperator.settings import own_identity
 
     kopf.configure(
         verbose=args.verbose,
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             liveness_endpoint=args.liveness or None,
+            # kopf would ask the user database, which has no entry for deploy/'s uid.
+            identity=Identity(own_identity(os.environ)),
         )
     )
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from etoperator.api.fields import DEFAULT_MAX_WORKERS, MAX_WORKERS
@@ -66,7 +67,7 @@ class Settings:
             lease_namespace=env.get("ETOPERATOR_LEASE_NAMESPACE")
             or env.get("POD_NAMESPACE")
             or "etoperator-system",
-            identity=env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            identity=own_identity(env),
         )
 
     def describe(self) -> str:
@@ -77,3 +78,9 @@ class Settings:
             f"max_workers={self.max_workers} script_workers={self.script_workers} "
             f"leader_election={self.leader_election} identity={self.identity}"
         )
+
+
+def own_identity(env: Mapping[str, str]) -> str:
+    """Who this replica is (to kopf and in the Lease): the pod's name, which deploy/ passes in,
+    else host and pid. Never the user's name: the image's uid need not be in /etc/passwd."""
+    return env.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
