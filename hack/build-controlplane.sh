@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Builds the control plane the tests and the local cluster run: kube-apiserver,
-# kube-controller-manager and kubectl of one Kubernetes release, and etcd, all from Go modules
-# (hack/controlplane/*/go.mod pin the versions; go.sum pins the contents).
+# Builds the Kubernetes binaries the tests and the local cluster run, all from Go modules
+# (hack/controlplane/*/go.mod pin the versions; go.sum pins the contents): the control plane
+# (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), kubectl, the node's kubelet
+# and kube-proxy, and kubemark (hollow nodes: the real kubelet with a fake runtime).
 #
-# Binaries are cached per version under $CACHE/controlplane/k8s-<version>/bin: a second run
-# builds nothing. Prints that directory on its last line.
+# Binaries are cached per version and content under $CACHE/controlplane/k8s-<version>-etcd-
+# <version>-<hash>/bin: a second run builds nothing. Prints that directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/controlplane"
 
 CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
 K8S=$(sed -n 's/^require k8s.io\/kubernetes v//p' kubernetes/go.mod)
 ETCD=$(sed -n 's/^require go.etcd.io\/etcd\/server\/v3 v//p' etcd/go.mod)
-OUT="$CACHE/controlplane/k8s-$K8S-etcd-$ETCD/bin"
-BINS=(kube-apiserver kube-controller-manager kubectl etcd)
+id=$(cat ../build-controlplane.sh kubernetes/go.sum etcd/go.sum etcd/main.go | sha256sum | cut -c1-12)
+OUT="$CACHE/controlplane/k8s-$K8S-etcd-$ETCD-$id/bin"
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubemark)
+BINS=("${K8S_BINS[@]}" etcd)
 
 have_all() {
     local b
@@ -37,10 +40,8 @@ ldflags="-s -w -X $v.gitVersion=v$K8S -X $v.gitMajor=1 -X $v.gitMinor=$minor \
 start=$SECONDS
 echo "build-controlplane: building Kubernetes v$K8S and etcd v$ETCD (cold: about 20 min)" >&2
 (cd kubernetes && go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kubectl)
+    "${K8S_BINS[@]/#/k8s.io/kubernetes/cmd/}")
 (cd etcd && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .)
-mv "$tmp"/kube-apiserver "$tmp"/kube-controller-manager "$tmp"/kubectl "$tmp"/etcd "$OUT/"
+for b in "${BINS[@]}"; do mv "$tmp/$b" "$OUT/"; done
 echo "build-controlplane: built in $((SECONDS - start)) s" >&2
 echo "$OUT"

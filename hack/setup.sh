@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One-command set-up: system packages, the control plane (built from Go modules), and a
-# virtualenv with torch 2.13.0, the project's Horovod build and the test tools.
+# One-command set-up: system packages, the Kubernetes binaries and the node's runtime (built
+# from Go modules), the images (built from the shipped Dockerfiles), and a virtualenv with
+# torch 2.13.0, the project's Horovod build and the test tools.
 #
 # Idempotent, and cached across checkouts: the virtualenv lives under
 # ~/.cache/etoperator/venvs/<hash of requirements.lock and the Horovod build>, and .venv links to
@@ -21,6 +22,13 @@ command -v pgrep >/dev/null || need_apt+=(procps)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v unshare >/dev/null || need_apt+=(util-linux)
 command -v curl >/dev/null || need_apt+=(curl)
+# Real nodes: namespaces and links (iproute2, util-linux), iptables for kube-proxy and the CNI
+# bridge, libseccomp for runc, and images without a registry (mmdebstrap, buildah).
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v iptables >/dev/null || need_apt+=(iptables)
+command -v mmdebstrap >/dev/null || need_apt+=(mmdebstrap)
+command -v buildah >/dev/null || need_apt+=(buildah)
+[ -f /usr/include/seccomp.h ] || need_apt+=(libseccomp-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
     step "installing ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -30,9 +38,14 @@ fi
 mkdir -p /run/sshd
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A >/dev/null
 
-# The control plane: kube-apiserver, kube-controller-manager, kubectl, etcd.
+# The Kubernetes binaries (control plane, kubelet, kube-proxy, kubemark, kubectl) and etcd; then
+# what a node runs beside them (containerd, runc, CNI, CoreDNS, pause) and the images.
 bin=$(hack/build-controlplane.sh | tail -n 1)
-step "control plane binaries in $bin"
+step "Kubernetes binaries in $bin"
+node_bin=$(hack/build-node.sh | tail -n 1)
+step "node binaries in $node_bin"
+images=$(hack/build-images.sh "$node_bin" | tail -n 1)
+step "images in $images"
 
 lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
 venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"
