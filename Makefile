@@ -12,8 +12,8 @@ test: lint
 	$(PY) -m pytest -q
 
 lint:
-	$(VENV)/bin/ruff check etoperator tests bench examples
-	$(VENV)/bin/ruff format --check etoperator tests bench examples
+	$(VENV)/bin/ruff check etoperator localcluster tests bench examples
+	$(VENV)/bin/ruff format --check etoperator localcluster tests bench examples
 	$(VENV)/bin/mypy
 
 unit:
@@ -38,7 +38,7 @@ cluster-test:
 # A local cluster with the operator and a tour of elastic training; ARGS=--no-tour only brings
 # it up. It keeps running until Ctrl-C or `make demo-down`.
 demo: setup
-	$(PY) -m etoperator.localcluster.demo $(ARGS)
+	$(PY) -m localcluster.demo $(ARGS)
 
 demo-down:
-	$(PY) -m etoperator.localcluster.demo --down
+	$(PY) -m localcluster.demo --down

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from etoperator.localcluster import procs
-from etoperator.localcluster.cluster import OPERATOR_USER
-from etoperator.localcluster.kubelet import Kubelet
-from tests.harness import ROOT, Cluster, start_cluster, start_process_cluster, wait_for
+from localcluster import procs
+from localcluster.cluster import OPERATOR_USER
+from localcluster.kubelet import Kubelet
+from tests.harness import ROOT, Cluster, start_chain, start_cluster, wait_for
 from tests.support import digits
 from tests.support.manifests import job, scalein, scaleout
 
@@ -284,7 +284,7 @@ def p7(tmp: Path, jobs: int = 20, minutes: float = 5.0) -> list[Row]:
 
 def p8(tmp: Path, jobs: int = 10) -> list[Row]:
     """Two replicas; the leader SIGKILLed while every job scales out."""
-    from etoperator.localcluster.cluster import OperatorProcess
+    from localcluster.cluster import OperatorProcess
 
     c = cluster(tmp, ssh=False, extra=["--no-ssh-checks"])
     try:
@@ -353,7 +353,7 @@ def p4(tmp: Path) -> list[Row]:
     with open(log, "w") as out:
         code = subprocess.run(
             [
-                sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+                sys.executable, "-m", "localcluster.demo", "--exit",
                 "--dir", str(tmp / "demo"), "--api-port", str(procs.free_port()),
                 "--results", str(results),
             ],
@@ -383,7 +383,7 @@ def p6(tmp: Path, epochs: int = 30, rounds: int = 3) -> list[Row]:
     plain `horovodrun -H`, plain `horovodrun` launched as the job launches it (elastic, a fixed
     host list), and the TrainingJob under the operator."""
     speeds: dict[str, list[float]] = {"static": [], "elastic": [], "operator": []}
-    c = start_process_cluster(tmp / "chain", 2022)
+    c = start_chain(tmp / "chain")
     try:
         for _ in range(rounds):
             speeds["static"].append(digits.static(epochs).samples_per_s())
@@ -414,7 +414,7 @@ def p6(tmp: Path, epochs: int = 30, rounds: int = 3) -> list[Row]:
 def accuracy(tmp: Path, epochs: int = digits.EPOCHS) -> list[Row]:
     """The full chain's elastic tour of the digits job against plain horovodrun, same epochs."""
     plain = digits.static(epochs, ranks=2)
-    c = start_process_cluster(tmp / "chain", 2022)
+    c = start_chain(tmp / "chain")
     try:
         job = digits.Elastic.on(c, c.new_namespace())
         job.create(epochs, None)

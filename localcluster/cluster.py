@@ -1,8 +1,15 @@
-"""A whole local cluster: the control plane, the operator's CRDs and RBAC from deploy/, a
-kubelet, and the operator itself running under its ServiceAccount's token."""
+"""A whole local cluster: the control plane, the operator's CRDs and RBAC from deploy/, nodes,
+and the operator.
+
+Nodes are real (`nodes=N`: containerd + kubelet + kube-proxy each, kube-scheduler, CoreDNS;
+nodes.py) or, for the tiers that inject faults between the operator and the apiserver, the
+simulated kubelet (`make_kubelet`). The operator runs as users run it (`deploy=True`: the
+Deployment of deploy/ with the image built from deploy/Dockerfile) or as a process of this
+machine under its ServiceAccount's token (when a test stands between it and the apiserver)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,9 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from etoperator.localcluster import procs
-from etoperator.localcluster.controlplane import ROOT, ControlPlane
-from etoperator.localcluster.kubelet import Kubelet
+from localcluster import procs
+from localcluster.controlplane import ROOT, ControlPlane
+from localcluster.kubelet import Kubelet
+from localcluster.network import Network, claim_slot, free_slots
+from localcluster.node import RealNode, reclaim
+from localcluster.nodes import Nodes, wait_ready
 
 OPERATOR_NS = "etoperator-system"
 OPERATOR_SA = "etoperator"
@@ -67,16 +77,50 @@ class OperatorProcess:
 
 
 @dataclass
+class DeployedOperator:
+    """The operator as deploy/ runs it: a Deployment of two replicas, one leading."""
+
+    cluster: LocalCluster
+
+    def pods(self) -> list[str]:
+        out = self.cluster.kubectl(
+            "get", "pods", "-n", OPERATOR_NS, "-l", OPERATOR_LABEL, "-o", "name"
+        )
+        return out.split()
+
+    def leader(self) -> str:
+        """The pod holding the Lease."""
+        return self.cluster.kubectl(
+            "get", "lease", "etoperator", "-n", OPERATOR_NS,
+            "-o", "jsonpath={.spec.holderIdentity}", check=False,
+        ).strip()  # fmt: skip
+
+    def tail(self, n: int = 60) -> str:
+        leader = self.leader()
+        target = f"pod/{leader}" if leader else "deploy/etoperator"
+        return self.cluster.kubectl("logs", "-n", OPERATOR_NS, target, f"--tail={n}", check=False)
+
+
+OPERATOR_LABEL = "app.kubernetes.io/name=etoperator"
+
+
+@dataclass
 class LocalCluster:
     dir: Path
-    make_kubelet: Callable[[ControlPlane], Kubelet]
-    ssh_port: int
+    make_kubelet: Callable[[ControlPlane], Kubelet] | None = None  # simulated nodes
+    ssh_port: int = 22
     operator_args: list[str] = field(default_factory=list)
     api_port: int = 0
+    nodes: int = 0  # real nodes (instead of make_kubelet)
+    deploy: bool = False  # the operator from deploy/ (real nodes only)
     progress: Callable[[str], None] = lambda _: None
     cp: ControlPlane | None = None
     kubelet: Kubelet | None = None
+    real: Nodes | None = None
     operator: OperatorProcess | None = None
+    deployed: DeployedOperator | None = None
+    _slot_lock: int | None = None
+    _where: dict[tuple[str, str], tuple[RealNode, str]] = field(default_factory=dict)
 
     @property
     def kubeconfig(self) -> Path:
@@ -105,14 +149,38 @@ class LocalCluster:
     def start(self, operator: bool = True, server: str | None = None) -> LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cp = ControlPlane(self.dir / "controlplane", port=self.api_port)
+        if self.nodes:
+            for stale in free_slots():
+                reclaim(stale)
+                Network(stale).delete()
+            slot, self._slot_lock = claim_slot()
+            self.real = Nodes(self.dir / "nodes", self.nodes)
+            self.cp.address = self.real.network(slot).gateway
+            self.cp.real_nodes = True
         self.cp.start(before_controllers=self.install)
         self.progress(f"control plane up at {self.cp.url}")
-        self.kubelet = self.make_kubelet(self.cp)
-        self.kubelet.start()
-        self.progress("kubelet up")
-        if operator:
+        if self.real is not None:
+            self.real.start(self.cp, lambda text: self.kubectl("apply", "-f", "-", input=text))
+            wait_ready(self.kubectl, self.nodes)
+            self.progress(f"{self.nodes} node(s) Ready (containerd, kubelet, kube-proxy)")
+        else:
+            assert self.make_kubelet is not None
+            self.kubelet = self.make_kubelet(self.cp)
+            self.kubelet.start()
+            self.progress("kubelet up")
+        if operator and self.deploy:
+            self.deploy_operator()
+        elif operator:
             self.start_operator(server)
         return self
+
+    def deploy_operator(self) -> DeployedOperator:
+        """`kubectl apply -k deploy/`, as a user installs it, and both replicas Ready."""
+        self.kubectl("apply", "-k", str(ROOT / "deploy"))
+        self.kubectl("rollout", "status", "deploy/etoperator", "-n", OPERATOR_NS, "--timeout=180s")
+        self.deployed = DeployedOperator(self)
+        self.progress("operator deployed (2 replicas)")
+        return self.deployed
 
     def start_operator(self, server: str | None = None) -> OperatorProcess:
         """The operator, reaching the apiserver at `server` (default: directly)."""
@@ -150,10 +218,43 @@ class LocalCluster:
             f"namespace {ns}", 30,
         )  # fmt: skip
 
+    def _placed(self, ns: str, name: str) -> tuple[RealNode, str] | None:
+        """The real node a pod runs on, and its uid (None: not bound yet, or gone)."""
+        assert self.real is not None
+        res = self.run_kubectl("get", "pod", "-n", ns, name, "-o", "json", check=False)
+        if res.returncode != 0:
+            return None
+        pod = json.loads(res.stdout)
+        node = pod["spec"].get("nodeName")
+        return (self.real.node_of(node), pod["metadata"]["uid"]) if node else None
+
+    def kill_pod(self, ns: str, name: str) -> None:
+        """Kill every process of a pod's containers, as a crash or the OOM killer would."""
+        placed = self._placed(ns, name)
+        assert placed is not None, f"pod {ns}/{name} is not running on a node"
+        placed[0].kill_pod_processes(placed[1])
+
+    def pod_log(self, ns: str, name: str) -> str:
+        """The pod's output so far, from its node's log files (cheap enough to poll: where a pod
+        runs is looked up once per pod)."""
+        placed = self._where.get((ns, name))
+        if placed is None or not placed[0].pod_log_dir(ns, name, placed[1]).exists():
+            placed = self._placed(ns, name)
+            if placed is None:
+                return ""
+            self._where[(ns, name)] = placed
+        return placed[0].pod_log(ns, name, placed[1])
+
     def stop(self) -> None:
         if self.operator is not None:
             self.operator.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
+        if self.real is not None:
+            self.real.stop()
         if self.cp is not None:
             self.cp.stop()
+        if self.real is not None and self.real.net is not None:
+            self.real.net.delete()
+        if self._slot_lock is not None:
+            os.close(self._slot_lock)

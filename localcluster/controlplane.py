@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from etoperator.localcluster import pki, procs
+from localcluster import pki, procs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "hack" / "build-controlplane.sh"
 CONTROLLERS = (
     "garbage-collector-controller",
@@ -35,6 +35,16 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "endpointslice-controller",
     "root-ca-certificate-publisher-controller",
+)
+# With real kubelets, which heartbeat: clear the not-ready taint, mark lost nodes, evict from
+# them, and collect pods of deleted nodes, as on any cluster; and run Deployments (the
+# operator's own).
+NODE_CONTROLLERS = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
 )
 ADMISSION = "NodeRestriction,OwnerReferencesPermissionEnforcement"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -87,11 +97,13 @@ class ControlPlane:
     dir: Path
     bin: Path = field(default_factory=binaries)
     port: int = 0  # the apiserver's secure port (0: a free one)
+    address: str = "127.0.0.1"  # where it listens; pods of real nodes reach it there
+    real_nodes: bool = False  # kube-scheduler and the node controllers run too
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def ca(self) -> Path:
@@ -121,6 +133,8 @@ class ControlPlane:
         kubeconfig(self.url, ca.cert, cert_user(admin), self.admin_kubeconfig)
         before_controllers()
         self._controller_manager(ca)
+        if self.real_nodes:
+            self._scheduler()
         return self
 
     def user_kubeconfig(
@@ -170,12 +184,9 @@ class ControlPlane:
         )
 
     def _apiserver(self, ca: pki.CA) -> None:
-        serving = ca.issue(
-            "apiserver",
-            "kube-apiserver",
-            hosts=("127.0.0.1", "localhost", "kubernetes", "kubernetes.default.svc"),
-            server=True,
-        )
+        names = ("kubernetes", "kubernetes.default", "kubernetes.default.svc")
+        hosts = (self.address, "127.0.0.1", "localhost", "10.96.0.1", *names)
+        serving = ca.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
         sa_key, sa_pub = pki.service_account_keys(ca.dir)
         policy = self.dir / "audit-policy.yaml"
@@ -185,8 +196,8 @@ class ControlPlane:
             [
                 str(self.bin / "kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.port}",
                 f"--cert-dir={self.dir / 'apiserver-certs'}",
                 f"--tls-cert-file={serving.cert}",
@@ -208,7 +219,8 @@ class ControlPlane:
                 "--audit-log-mode=batch",
                 "--audit-log-batch-max-wait=1s",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",
+                # Pods reach the apiserver through the `kubernetes` Service only on real nodes.
+                f"--endpoint-reconciler-type={'lease' if self.real_nodes else 'none'}",
                 "--profiling=false",
                 "--v=0",
             ],
@@ -227,7 +239,7 @@ class ControlPlane:
             [
                 str(self.bin / "kube-controller-manager"),
                 f"--kubeconfig={kc}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={ca.dir / 'sa.key'}",
                 f"--root-ca-file={ca.cert}",
@@ -238,11 +250,31 @@ class ControlPlane:
             ],
         )
 
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        return CONTROLLERS + NODE_CONTROLLERS if self.real_nodes else CONTROLLERS
+
+    def _scheduler(self) -> None:
+        kc = self.user_kubeconfig("kube-scheduler", "system:kube-scheduler")
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--v=0",
+            ],
+        )
+
     def running(self) -> bool:
         return all(p.poll() is None for p in self.procs.values())
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             procs.stop(self.procs.pop(name, None))
 
     def audit(self) -> list[dict[str, Any]]:

@@ -1,12 +1,14 @@
 """`make demo`: a local elastic-training cluster on this machine, and a tour of what it does.
 
-    python -m etoperator.localcluster.demo            # up, the tour, then keep running
-    python -m etoperator.localcluster.demo --no-tour  # only bring the cluster up
-    python -m etoperator.localcluster.demo --down     # stop a demo running elsewhere
+    python -m localcluster.demo            # up, the tour, then keep running
+    python -m localcluster.demo --no-tour  # only bring the cluster up
+    python -m localcluster.demo --down     # stop a demo running elsewhere
 
-A real control plane (etcd, kube-apiserver, kube-controller-manager), the process kubelet
-(real sshd workers, the real horovodrun launcher) and the operator under its deploy/ RBAC.
-Ctrl-C stops every process it started and removes its directory.
+A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), a real
+node (containerd, kubelet, kube-proxy; CoreDNS for cluster DNS) running the images built from
+the shipped Dockerfiles, and the operator installed with `kubectl apply -k deploy/`.
+Ctrl-C stops every process it started, puts back what it changed on this machine, and removes
+its directory.
 """
 
 from __future__ import annotations
@@ -20,17 +22,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from etoperator.localcluster import procs
-from etoperator.localcluster.cluster import KubectlFailed, LocalCluster
-from etoperator.localcluster.controlplane import binaries
-from etoperator.localcluster.process import ProcessKubelet
-from etoperator.localcluster.tour import JOB, Tour, TourFailed
+from localcluster import procs
+from localcluster.cluster import KubectlFailed, LocalCluster
+from localcluster.controlplane import binaries
+from localcluster.tour import JOB, Tour, TourFailed
 
 DEFAULT_DIR = Path("/tmp/etoperator-demo")
-SSH_PORT = 2022
 
 
 def parser() -> argparse.ArgumentParser:
@@ -74,16 +73,12 @@ def preflight(args: argparse.Namespace) -> list[str]:
     problems = []
     if os.geteuid() != 0:
         problems.append(
-            "the process kubelet needs root (mount and PID namespaces, sshd on pod addresses): "
+            "a real node needs root (network and mount namespaces, cgroups, containerd): "
             "run it as root"
         )
-    for tool in ("unshare", "nsenter", "ssh"):
+    for tool in ("unshare", "nsenter", "ip", "iptables", "buildah"):
         if shutil.which(tool) is None:
             problems.append(f"{tool} is missing: run `make setup`")
-    if not Path("/usr/sbin/sshd").exists():
-        problems.append("sshd is missing: run `make setup`")
-    if not (Path(sys.executable).parent / "horovodrun").exists():
-        problems.append("horovodrun is missing from the virtualenv: run `make setup`")
     pid = running_pid(args.dir)
     if pid is not None:
         problems.append(f"a demo is already running (pid {pid}): stop it with `make demo-down`")
@@ -108,7 +103,7 @@ def down(d: Path) -> int:
     return 0
 
 
-def tour(lc: LocalCluster, kubelet: ProcessKubelet, results: Path | None) -> None:
+def tour(lc: LocalCluster, results: Path | None) -> None:
     def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         try:
             return lc.run_kubectl(*args, check=check)
@@ -120,24 +115,12 @@ def tour(lc: LocalCluster, kubelet: ProcessKubelet, results: Path | None) -> Non
 
     Tour(
         kubectl=kubectl,
-        launcher_log=throttled(lambda: kubectl("logs", f"{JOB}-launcher", check=False).stdout),
-        kill_worker=lambda name: kubelet.crash("default", name),
+        launcher_log=lambda: lc.pod_log("default", f"{JOB}-launcher"),
+        kill_worker=lambda name: lc.kill_pod("default", name),
         hosts=lambda: list(json.loads(jsonpath("{.status.currentWorkers}") or "[]")),
         phase=lambda: jsonpath("{.status.phase}"),
         show=True,
     ).run(results)
-
-
-def throttled(read: Callable[[], str], every: float = 0.5) -> Callable[[], str]:
-    """`kubectl logs` at most every `every` seconds, so that polling does not eat a core."""
-    last: list[tuple[float, str]] = []
-
-    def get() -> str:
-        if not last or time.monotonic() - last[0][0] >= every:
-            last[:] = [(time.monotonic(), read())]
-        return last[0][1]
-
-    return get
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,13 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = binaries()
     stage(f"control-plane binaries ready in {bin_dir}")
     lc = LocalCluster(
-        args.dir / "cluster",
-        lambda cp: ProcessKubelet(
-            cp, args.dir / "pods", ssh_port=SSH_PORT, venv_bin=Path(sys.executable).parent
-        ),
-        SSH_PORT,
-        api_port=args.api_port,
-        progress=stage,
+        args.dir / "cluster", nodes=1, deploy=True, api_port=args.api_port, progress=stage
     )
     try:
         return run(args, lc, stage, stop)
@@ -181,10 +158,10 @@ def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threadi
     lc.start()
     lc.wait_namespace_ready("default")
     stage("namespace default ready")
-    assert isinstance(lc.kubelet, ProcessKubelet) and lc.cp is not None
+    assert lc.cp is not None
     if not args.no_tour:
         try:
-            tour(lc, lc.kubelet, args.results)
+            tour(lc, args.results)
         except TourFailed as exc:
             print(f"demo: the tour failed: {exc}", file=sys.stderr)
             return 1
@@ -193,8 +170,9 @@ def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threadi
         f"\nThe cluster keeps running. In another shell:\n"
         f"  export KUBECONFIG={lc.kubeconfig}\n"
         f"  export PATH={lc.cp.bin}:$PATH\n"
-        f"  kubectl get tj,so,si\n"
-        f"  kubectl create -f examples/scale_out.yaml\n"
+        f"  kubectl get tj,so,si,pods\n"
+        + ("" if not args.no_tour else "  kubectl create -f examples/training_job.yaml\n")
+        + f"  kubectl create -f examples/scale_out.yaml\n"
         f"  kubectl logs -f {JOB}-launcher\n"
         f"Ctrl-C (or `make demo-down`) stops it.",
         flush=True,

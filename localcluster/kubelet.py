@@ -1,4 +1,5 @@
-"""Kubelets that are real API clients, for a machine without a container runtime.
+"""The simulated kubelet of the integration tier: a real API client without a container runtime
+(the full chain, the demo and the benchmarks of real training run on real nodes, node.py).
 
 A `Kubelet` registers its Node objects, binds pending pods to them through `pods/binding` (as
 the scheduler's identity), watches its pods with a server-side field selector and reports
@@ -6,9 +7,8 @@ through `pods/status` (as `system:node:<node>`, so the Node authorizer and NodeR
 apply), finishes graceful deletions, and serves the kubelet API the apiserver calls over TLS:
 `/containerLogs` (kubectl logs) and `/exec` over WebSocket (pods/exec).
 
-How a pod "runs" is the subclass's part: `Kubelet` itself gives workers a real sshd trusting the
-job's mounted key and runs nothing for other containers; `ProcessKubelet` (process.py) runs the
-first container's command as real processes in their own mount and PID namespaces.
+Workers get a real sshd trusting the job's mounted key; other containers run nothing. What
+tests do to pods (end them, hold them Pending, make sshd refuse the key) is `TestControls`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from etoperator.builders.ssh import generate_keypair
-from etoperator.localcluster import procs, volumes
-from etoperator.localcluster.apiclient import STRATEGIC, ApiStatus, AsyncApi
-from etoperator.localcluster.controlplane import ControlPlane
+from localcluster import procs, volumes
+from localcluster.apiclient import STRATEGIC, ApiStatus, AsyncApi
+from localcluster.controlplane import ControlPlane
 
 SSHD = "/usr/sbin/sshd"
 NODE = "node-1"

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 JOB = "elastic-training"
 EXAMPLE = ROOT / "examples" / "training_job.yaml"
 T = TypeVar("T")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etoperator.localcluster.apiclient import ApiStatus, AsyncApi
+from localcluster.apiclient import ApiStatus, AsyncApi
 
 Files = dict[str, tuple[bytes, int]]
 

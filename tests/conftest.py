@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from etoperator.localcluster.kubelet import Kubelet
+from localcluster.kubelet import Kubelet
 from tests.harness import Cluster, start_cluster
 
 SSH_PORT = 2222

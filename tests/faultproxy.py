@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from etoperator.localcluster import procs
-from etoperator.localcluster.controlplane import ControlPlane
+from localcluster import procs
+from localcluster.controlplane import ControlPlane
 
 HOP = {"host", "connection", "upgrade", "transfer-encoding", "content-length", "keep-alive"}
 

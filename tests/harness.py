@@ -1,9 +1,13 @@
-"""Shared test plumbing: the local cluster (control plane, kubelet, operator) and waiting."""
+"""Shared test plumbing: the local cluster (control plane, nodes, operator) and waiting.
+
+Two shapes: `Cluster` (the integration tier: the simulated kubelet, and the operator as a process
+behind the fault proxy) and `Chain` (the full chain: real nodes, the operator deployed from
+deploy/). Both read and write the world through `World`."""
 
 from __future__ import annotations
 
+import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -14,10 +18,9 @@ from typing import Any, TypeVar
 import yaml
 
 from etoperator import kube, naming
-from etoperator.localcluster.cluster import LocalCluster, OperatorProcess
-from etoperator.localcluster.controlplane import ControlPlane
-from etoperator.localcluster.kubelet import Kubelet
-from etoperator.localcluster.process import ProcessKubelet
+from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
+from localcluster.controlplane import ControlPlane
+from localcluster.kubelet import Kubelet
 from tests.faultproxy import FaultProxy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,35 +57,34 @@ def start_cluster(
     ssh_port: int,
     extra: list[str] | None = None,
 ) -> Cluster:
-    """The real control plane, a kubelet, and the operator as a real process, on this machine.
-    The operator reaches the apiserver through a fault proxy (tests/faultproxy.py)."""
+    """The real control plane, the simulated kubelet, and the operator as a real process, on
+    this machine. The operator reaches the apiserver through a fault proxy (tests/faultproxy.py)."""
     local = LocalCluster(tmp, make_kubelet, ssh_port, operator_args=list(extra or []))
     local.start(operator=False)
     assert local.cp is not None and local.kubelet is not None
     proxy = FaultProxy(local.cp).start()
     operator = local.start_operator(proxy.url)
     api = kube.Kube(kube.load_config(str(local.kubeconfig)))
-    return Cluster(local, local.cp, local.kubelet, operator, proxy, local.kubeconfig, api)
+    return Cluster(local, local.kubeconfig, api, local.cp, local.kubelet, operator, proxy)
 
 
-def start_process_cluster(tmp: Path, ssh_port: int) -> Cluster:
-    """The full chain: pods run their commands (real sshd workers, a real `horovodrun`)."""
-
-    def kubelet(cp: ControlPlane) -> ProcessKubelet:
-        return ProcessKubelet(
-            cp, tmp / "pods", ssh_port=ssh_port, repo=ROOT, venv_bin=Path(sys.executable).parent
-        )
-
-    return start_cluster(tmp, kubelet, ssh_port)
+def start_chain(tmp: Path, nodes: int = 1) -> Chain:
+    """The full chain: the real control plane, real nodes (containerd, kubelet, kube-proxy,
+    kube-scheduler, CoreDNS) and the operator as deploy/ installs it."""
+    local = LocalCluster(tmp, nodes=nodes, deploy=True)
+    try:
+        local.start()
+    except BaseException:
+        local.stop()
+        raise
+    assert local.deployed is not None
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Chain(local, local.kubeconfig, api, local.deployed)
 
 
 @dataclass
-class Cluster:
+class World:
     local: LocalCluster
-    cp: ControlPlane
-    kubelet: Kubelet
-    operator: OperatorProcess
-    proxy: FaultProxy
     kubeconfig: Path
     api: kube.Kube
 
@@ -142,9 +144,8 @@ class Cluster:
         return sorted(p["metadata"]["name"] for p in pods)
 
     def pod_log(self, ns: str, name: str) -> str:
-        """What the pod's container printed so far (kubelets that run commands keep it)."""
-        path = self.kubelet.log_path((ns, name))
-        return path.read_text(errors="replace") if path and path.exists() else ""
+        """What the pod's container printed so far."""
+        raise NotImplementedError
 
     def hosts(self, ns: str, job: str) -> list[str]:
         cm = self.api.get("ConfigMap", ns, naming.config_map_name(job))
@@ -185,3 +186,40 @@ class Cluster:
         obj = yaml.safe_load(manifest) if isinstance(manifest, str) else manifest
         obj.setdefault("metadata", {})["namespace"] = ns
         return self.api.create(obj)
+
+
+@dataclass
+class Cluster(World):
+    cp: ControlPlane
+    kubelet: Kubelet
+    operator: OperatorProcess
+    proxy: FaultProxy
+
+    def pod_log(self, ns: str, name: str) -> str:
+        path = self.kubelet.log_path((ns, name))
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+
+@dataclass
+class Chain(World):
+    operator: DeployedOperator
+
+    def pod_log(self, ns: str, name: str) -> str:
+        return self.local.pod_log(ns, name)
+
+    def kill(self, ns: str, name: str) -> None:
+        """Every process of the pod's containers SIGKILLed: its node sees them die."""
+        self.local.kill_pod(ns, name)
+
+    def disrupt(self, ns: str, name: str) -> None:
+        """A DisruptionTarget condition, as the control plane sets it before a preemption."""
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "preempted to make room for a pod of higher priority",
+        }
+        self.kubectl(
+            "patch", "pod", name, "-n", ns, "--subresource=status", "--type=strategic",
+            "-p", json.dumps({"status": {"conditions": [cond]}}),
+        )  # fmt: skip

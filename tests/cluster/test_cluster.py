@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from etoperator.localcluster.tour import JOB, Tour
+from localcluster.tour import JOB, Tour
 
 pytestmark = pytest.mark.cluster
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from etoperator.localcluster import procs
+from localcluster import procs
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.fullchain
@@ -36,14 +36,19 @@ def test_demo_tour_end_to_end(tmp_path: Path) -> None:
     port = procs.free_port()
     out = subprocess.run(
         [
-            sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+            sys.executable, "-m", "localcluster.demo", "--exit",
             "--dir", str(state), "--api-port", str(port), "--results", str(results),
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     print(out.stdout[-6000:])
     assert out.returncode == 0, out.stderr[-4000:]
-    for stage in ("control-plane binaries ready", "control plane up", "operator started"):
+    for stage in (
+        "control-plane binaries ready",
+        "control plane up",
+        "node(s) Ready",
+        "operator deployed",
+    ):
         assert stage in out.stdout
     assert "job Succeeded" in out.stdout and "export KUBECONFIG=" in out.stdout
     assert "elastic-training-scaleout" in out.stdout  # what kubectl get tj,so,si showed
@@ -65,7 +70,7 @@ def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "etoperator.localcluster.demo", "--exit",
+            [sys.executable, "-m", "localcluster.demo", "--exit",
              "--dir", str(tmp_path / "d"), "--api-port", str(port)],
             cwd=ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Cluster
+from tests.harness import Chain
 from tests.support import digits, samples
 
 pytestmark = pytest.mark.fullchain
@@ -19,7 +19,7 @@ EPOCHS = digits.EPOCHS
 
 
 def test_elastic_run_trains_every_sample_and_matches_a_static_run(
-    chain: Cluster, tmp_path: Path
+    chain: Chain, tmp_path: Path
 ) -> None:
     static = digits.static(EPOCHS, ranks=2, samples=tmp_path / "static")
     cov = samples.coverage(samples.read(tmp_path / "static"), digits.TRAIN_SAMPLES)

@@ -176,6 +176,15 @@ OPERATOR: dict[str, tuple[Manifest, str, str, str]] = {
            at(f"{L}.template.spec.volumes", [{"name": "mine", "emptyDir": {}}]), name="edlpath"),
         "Failed", "InvalidSpec", "mountPath /etc/edl/",
     ),
+    "a mount over the key's path, spelled otherwise": (
+        tj(at(f"{C0}.volumeMounts", [{"name": "mine", "mountPath": "/root/./.ssh"}]),
+           at(f"{W}.template.spec.volumes", [{"name": "mine", "emptyDir": {}}]), name="sshdot"),
+        "Failed", "InvalidSpec", "mountPath /root/./.ssh is where the operator mounts",
+    ),
+    "a launcher that runs as another user": (
+        tj(at(f"{L}.template.spec.securityContext", {"runAsUser": 1000}), name="nonroot"),
+        "Failed", "InvalidSpec", "runs as uid 1000",
+    ),
     "an SSH Secret name that is no name": (
         tj(at("metadata.annotations", {"arena.kubeflow.org/ssh-secret": "Bad_Name"}),
            name="badsecret"),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from etoperator.localcluster.cluster import OPERATOR_USER
+from localcluster.cluster import OPERATOR_USER
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scaleout
 from tests.support.waits import passes, running

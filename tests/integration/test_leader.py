@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from etoperator.localcluster.cluster import OperatorProcess
+from localcluster.cluster import OperatorProcess
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scaleout
 from tests.support.waits import running

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from etoperator.localcluster.kubelet import Kubelet
+from localcluster.kubelet import Kubelet
 from tests.harness import Cluster, start_cluster, wait_for
 from tests.support.manifests import job, scalein
 

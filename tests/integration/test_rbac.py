@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import yaml
 
-from etoperator.localcluster.cluster import OPERATOR_USER
+from localcluster.cluster import OPERATOR_USER
 from tests.harness import ROOT, Cluster, wait_for
 from tests.support.manifests import job, scalein, scaleout
 

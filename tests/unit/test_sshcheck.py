@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from etoperator.builders import ssh
-from etoperator.localcluster.kubelet import host_key, sshd_config
 from etoperator.sshcheck import SSHProber, busy_script, load_key
+from localcluster.kubelet import host_key, sshd_config
 from tests.harness import wait_for
 
 IP, PORT = "127.10.250.2", 2223

@@ -1,0 +1,126 @@
+"""The local cluster's network: a bridge on this machine that never leaves it.
+
+Layout for cluster slot k (0-9, so that a demo and a test run can live side by side):
+  - bridge `etok<k>` on this machine, 10.200.<k>.1/24: the control plane listens there and
+    cluster DNS answers there;
+  - node n (1-based) in a network namespace of its own, `etok<k>-n<n>`, reached over a veth pair
+    whose node end is `eth0` with 10.200.<k>.<n+1>/24 (the kubelet refuses a loopback node IP);
+  - pods of node n on that node's CNI bridge, 10.<210+k>.<n>.0/24, routed from this machine
+    through the node (so the operator, run here, reaches pod IPs as it would in a cluster).
+Everything it adds on this machine hangs off the bridge and the veth pairs: deleting them (and
+the namespaces) removes the routes with them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SLOTS = 10
+NETNS_DIR = Path("/run/netns")
+LOCKS = Path("/run/etoperator-slots")
+
+
+def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
+    """`ip ...` on this machine, or inside a network namespace (through nsenter, not `ip netns
+    exec`, which remounts /sys)."""
+    argv = ["ip", *args]
+    if netns is not None:
+        argv = ["nsenter", f"--net={NETNS_DIR / netns}", *argv]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip()}")
+    return res.stdout
+
+
+def free_slots() -> Iterator[int]:
+    """Each slot no running cluster holds, its lock held while the caller works on it (to clear
+    what a killed run left there)."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    for k in range(SLOTS):
+        fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield k
+        finally:
+            os.close(fd)
+
+
+def claim_slot() -> tuple[int, int]:
+    """The first slot no running cluster holds, and the descriptor of its lock (held until this
+    process ends, or closed). What a killed run left in the slot is the new owner's to clear."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    for k in range(SLOTS):
+        fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return k, fd
+    raise RuntimeError(f"all {SLOTS} local cluster slots are in use ({LOCKS})")
+
+
+@dataclass(frozen=True)
+class Network:
+    slot: int
+
+    @property
+    def bridge(self) -> str:
+        return f"etok{self.slot}"
+
+    @property
+    def gateway(self) -> str:
+        """This machine's address on the bridge: the apiserver and cluster DNS listen here."""
+        return f"10.200.{self.slot}.1"
+
+    def node_ip(self, n: int) -> str:
+        return f"10.200.{self.slot}.{n + 1}"
+
+    def pod_cidr(self, n: int) -> str:
+        return f"10.{210 + self.slot}.{n}.0/24"
+
+    @property
+    def cluster_cidr(self) -> str:
+        return f"10.{210 + self.slot}.0.0/16"
+
+    def netns(self, n: int) -> str:
+        return f"{self.bridge}-n{n}"
+
+    def create(self) -> Network:
+        self.delete()  # what a killed run may have left in this slot
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
+        return self
+
+    def add_node(self, n: int) -> str:
+        """Node n's network namespace, wired to the bridge; returns its name."""
+        ns, host_end = self.netns(n), f"{self.bridge}n{n}"
+        ip("netns", "add", ns)
+        ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        ip("link", "set", host_end, "master", self.bridge, "up")
+        ip("addr", "add", f"{self.node_ip(n)}/24", "dev", "eth0", netns=ns)
+        ip("link", "set", "lo", "up", netns=ns)
+        ip("link", "set", "eth0", "up", netns=ns)
+        ip("route", "add", "default", "via", self.gateway, netns=ns)
+        ip("route", "add", self.pod_cidr(n), "via", self.node_ip(n))
+        # Forwarding between the node's pods and the bridge: a setting of the node's namespace.
+        subprocess.run(
+            ["nsenter", f"--net={NETNS_DIR / ns}", "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+            check=True,
+        )
+        return ns
+
+    def delete(self) -> None:
+        for path in sorted(NETNS_DIR.glob(f"{self.bridge}-n*")) if NETNS_DIR.exists() else []:
+            ip("netns", "delete", path.name, check=False)
+        ip("link", "delete", self.bridge, check=False)

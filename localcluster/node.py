@@ -1,0 +1,470 @@
+"""A real node on this machine: containerd + runc + the CNI bridge, the kubelet and kube-proxy,
+in a network namespace and a mount namespace of their own (network.py has the addresses).
+
+What stays off this machine: the node's interfaces, routes and iptables rules (its network
+namespace), and every mount it makes (its mount namespace, a slave of this machine's, so it
+still sees our files). What cannot stay off, and is put back at stop: the kernel sysctls the
+kubelet sets with no opt-out (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory) and its
+cgroups (cgroupfs, under a root of this node's own name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from localcluster import procs
+from localcluster.controlplane import ControlPlane
+from localcluster.network import NETNS_DIR, Network
+
+GLOBAL_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
+CGROUP = Path("/sys/fs/cgroup")
+PAUSE_IMAGE = "localhost/etoperator/pause:local"
+CLUSTER_DOMAIN = "cluster.local"
+NAMESPACES = Path("/run/etoperator-nodes")  # bind mounts that keep mount namespaces alive
+KUBELET_ROOTS = Path("/var/lib/etoperator-nodes")
+
+
+def save_sysctls() -> dict[str, str]:
+    return {k: (Path("/proc/sys") / k).read_text().strip() for k in GLOBAL_SYSCTLS}
+
+
+def restore_sysctls(saved: dict[str, str]) -> None:
+    for k, v in saved.items():
+        path = Path("/proc/sys") / k
+        if path.read_text().strip() != v:
+            path.write_text(v)
+
+
+def _private_dir(path: Path) -> None:
+    """A directory that is a private mount of its own: the mount namespaces' anchor files live
+    there (a namespace cannot be bind-mounted where mounts propagate)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    if f" {path} " not in mounts:
+        subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+        subprocess.run(["mount", "--make-private", str(path)], check=True)
+
+
+@dataclass
+class NodeBins:
+    """Where the binaries are: the Kubernetes ones and the node's own (hack/build-node.sh)."""
+
+    kube: Path
+    node: Path
+
+    @property
+    def cni(self) -> Path:
+        return self.node / "cni"
+
+
+@dataclass
+class RealNode:
+    name: str
+    n: int  # 1-based index on the network
+    net: Network
+    cp: ControlPlane
+    bins: NodeBins
+    dir: Path
+    dns: str  # cluster DNS address
+    images: list[Path] = field(default_factory=list)  # docker-archives to import
+    # containerd's image store, kept from run to run: importing the training image (6 GB,
+    # stored and unpacked) takes minutes, so it is done once per image content.
+    store: Path | None = None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _mnt: Path | None = None
+
+    @property
+    def ip(self) -> str:
+        return self.net.node_ip(self.n)
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"etoperator-{self.net.bridge}-{self.name}"
+
+    @property
+    def run_dir(self) -> Path:
+        """containerd's sockets and state: a short path (a unix socket's is at most 104
+        bytes), on tmpfs, one per slot and node."""
+        return NAMESPACES / self.net.netns(self.n)
+
+    @property
+    def kubelet_dir(self) -> Path:
+        """The kubelet's root (pod volumes, its own sockets): a short path on disk."""
+        return KUBELET_ROOTS / self.net.netns(self.n)
+
+    @property
+    def sock(self) -> Path:
+        return self.run_dir / "containerd.sock"
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self) -> RealNode:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._cgroups()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        netns = self.net.add_node(self.n)
+        self._mnt = self._mount_namespace()
+        self._enter = [
+            "nsenter", f"--net={NETNS_DIR / netns}", f"--mount={self._mnt}", "--",
+        ]  # fmt: skip
+        self._containerd()
+        self._clear_leftovers()
+        self._import_images()
+        self._kubelet()
+        self._kube_proxy()
+        return self
+
+    def _mount_namespace(self) -> Path:
+        _private_dir(NAMESPACES)
+        anchor = NAMESPACES / f"{self.net.netns(self.n)}.mnt"
+        anchor.touch()
+        subprocess.run(
+            ["unshare", f"--mount={anchor}", "--propagation", "slave", "true"], check=True
+        )
+        return anchor
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """A daemon of the node, in the node's namespaces and in the `daemons` group of its pids
+        cgroup, so that containerd's shims (which outlive it) are found and ended with it."""
+        path = f"{self.bins.node}:{self.bins.kube}:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+        full_env = {"PATH": path, "HOME": str(self.dir), **(env or {})}
+        tasks = CGROUP / "pids" / self.cgroup_root / "daemons" / "cgroup.procs"
+        join = ["sh", "-c", f'echo $$ > "{tasks}" && exec "$@"', "sh"]
+        self.procs[name] = procs.spawn(
+            [*self._enter, *join, *argv], self.dir / f"{name}.log", full_env
+        )
+
+    @property
+    def store_root(self) -> Path:
+        return (self.store or self.dir / "containerd") / "root"
+
+    def _containerd(self) -> None:
+        cfg = self.dir / "containerd.toml"
+        cfg.write_text(containerd_config(self))
+        self.store_root.mkdir(parents=True, exist_ok=True)
+        cni = self.dir / "cni"
+        cni.mkdir(exist_ok=True)
+        (cni / "10-bridge.conflist").write_text(json.dumps(cni_config(self.net, self.n), indent=1))
+        self._spawn("containerd", [str(self.bins.node / "containerd"), "--config", str(cfg)])
+        procs.wait_until(
+            lambda: self.sock.exists() and self.ctr("version", check=False).returncode == 0,
+            f"containerd on {self.name}", 60, self.procs["containerd"],
+            self.dir / "containerd.log",
+        )  # fmt: skip
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.bins.node / "ctr"), "--address", str(self.sock), "-n", "k8s.io", *args]
+        res = subprocess.run([*self._enter, *argv], capture_output=True, text=True)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
+        return res
+
+    def _clear_leftovers(self) -> None:
+        """Containers and sandboxes an earlier run left in the kept store (their processes are
+        long gone): the kubelet of this run never knew them."""
+        for kind in ("tasks", "containers", "sandboxes"):
+            ids = self.ctr(kind, "ls", "-q", check=False).stdout.split()
+            for i in ids:
+                args = ("rm", "-f", i) if kind != "containers" else ("rm", i)
+                self.ctr(kind, *args, check=False)
+
+    def _import_images(self) -> None:
+        """Each archive once per store (its name carries the hash of what it was built from),
+        and again if its image went missing from the store."""
+        done_file = self.store_root.parent / "imported"
+        done = set(done_file.read_text().split()) if done_file.exists() else set()
+        present = set(self.ctr("images", "ls", "-q").stdout.split())
+        for archive in self.images:
+            if archive.name not in done or image_name(archive) not in present:
+                self.ctr("images", "import", str(archive))
+                with open(done_file, "a") as f:
+                    f.write(archive.name + "\n")
+
+    def _cgroups(self) -> None:
+        """The node's cgroup root in every hierarchy (the kubelet makes what is below it), and
+        the group its daemons run in."""
+        for controller in CGROUP.iterdir():
+            if controller.is_dir() and not controller.is_symlink():
+                (controller / self.cgroup_root).mkdir(exist_ok=True)
+        (CGROUP / "pids" / self.cgroup_root / "daemons").mkdir(exist_ok=True)
+
+    def _kubelet(self) -> None:
+        kdir = self.kubelet_dir
+        shutil.rmtree(kdir, ignore_errors=True)
+        kdir.mkdir(parents=True)
+        serving = self.cp.serving_cert(f"kubelet-serving-{self.name}", (self.ip, self.name))
+        kc = self.cp.user_kubeconfig(
+            f"kubelet-{self.name}", f"system:node:{self.name}", ("system:nodes",)
+        )
+        resolv = self.dir / "resolv.conf"
+        resolv.write_text("")  # pods get cluster DNS only; nothing of this machine's resolver
+        cfg = self.dir / "kubelet.yaml"
+        cfg.write_text(yaml.safe_dump(kubelet_config(self, serving.cert, serving.key, resolv)))
+        self._spawn(
+            "kubelet",
+            [
+                str(self.bins.kube / "kubelet"),
+                f"--config={cfg}",
+                f"--kubeconfig={kc}",
+                f"--root-dir={kdir}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={self.ip}",
+                "--v=1",
+            ],
+        )
+
+    def _kube_proxy(self) -> None:
+        kc = self.cp.user_kubeconfig(f"kube-proxy-{self.name}", "system:kube-proxy")
+        cfg = self.dir / "kube-proxy.yaml"
+        cfg.write_text(yaml.safe_dump(kube_proxy_config(self, kc)))
+        self._spawn("kube-proxy", [str(self.bins.kube / "kube-proxy"), f"--config={cfg}"])
+
+    # -- what tests do to a node ---------------------------------------------------------------
+
+    def pod_log_dir(self, ns: str, name: str, uid: str) -> Path:
+        return self.dir / "pod-logs" / f"{ns}_{name}_{uid}"
+
+    def pod_log(self, ns: str, name: str, uid: str) -> str:
+        """What the pod's first container printed (all its runs), read from the kubelet's log
+        files (CRI format: time, stream, tag, text) as `kubectl logs` would show it."""
+        files = sorted(
+            self.pod_log_dir(ns, name, uid).glob("*/*.log"),
+            key=lambda p: (p.parent.name, p.stat().st_mtime),
+        )
+        out: list[str] = []
+        for f in files:
+            for line in f.read_text(errors="replace").splitlines():
+                parts = line.split(" ", 3)
+                if len(parts) == 4:
+                    out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+        return "".join(out)
+
+    def pod_cgroups(self, uid: str) -> list[Path]:
+        """The cgroup directories (pids controller) of a pod's containers."""
+        base = CGROUP / "pids" / self.cgroup_root / "kubepods"
+        slug = "pod" + uid
+        return [p for p in base.rglob(f"{slug}*") if p.is_dir()]
+
+    def kill_pod_processes(self, uid: str, sig: int = signal.SIGKILL) -> int:
+        """Kill every process of a pod's containers, as the OOM killer or a crash would; the
+        runtime sees its containers exit. Returns how many processes were signalled."""
+        count = 0
+        for cg in self.pod_cgroups(uid):
+            for procs_file in cg.rglob("cgroup.procs"):
+                for pid in procs_file.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), sig)
+                        count += 1
+        return count
+
+    # -- stop ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Every process of the node's pods, then the node's own, then its namespaces and
+        cgroups: nothing of it is left running or mounted."""
+        procs.stop(self.procs.pop("kubelet", None), grace=5)
+        procs.stop(self.procs.pop("kube-proxy", None), grace=5)
+        self._kill_cgroup_tree("kubepods")  # the pods' processes
+        procs.stop(self.procs.pop("containerd", None), grace=10)  # its store stays whole
+        self._kill_cgroup_tree()  # the shims
+        for proc in self.procs.values():
+            proc.wait()
+        self.procs.clear()
+        if self._mnt is not None:
+            subprocess.run(["umount", str(self._mnt)], check=False, capture_output=True)
+            self._mnt.unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        shutil.rmtree(self.kubelet_dir, ignore_errors=True)
+        self._remove_cgroups()
+
+    def _kill_cgroup_tree(self, sub: str = "") -> None:
+        _kill_tree(CGROUP / "pids" / self.cgroup_root / sub)
+
+    def _remove_cgroups(self) -> None:
+        for controller in CGROUP.iterdir():
+            _remove_tree(controller / self.cgroup_root)
+
+
+def reclaim(slot: int) -> None:
+    """Everything of a slot's nodes that a killed run left: processes (pods, shims), mount
+    namespaces, cgroups. (The network goes with Network.delete.)"""
+    prefix = f"etoperator-etok{slot}-"
+    for root in sorted((CGROUP / "pids").glob(prefix + "*")):
+        _kill_tree(root)
+    for anchor in NAMESPACES.glob(f"etok{slot}-n*.mnt") if NAMESPACES.exists() else []:
+        subprocess.run(["umount", str(anchor)], check=False, capture_output=True)
+        anchor.unlink(missing_ok=True)
+        shutil.rmtree(anchor.with_suffix(""), ignore_errors=True)
+        shutil.rmtree(KUBELET_ROOTS / anchor.stem, ignore_errors=True)
+    for controller in CGROUP.iterdir():
+        for root in controller.glob(prefix + "*") if not controller.is_symlink() else []:
+            _remove_tree(root)
+
+
+def _kill_tree(base: Path) -> None:
+    """SIGKILL every process under a pids cgroup until none is left."""
+    for _ in range(50):
+        pids = [pid for f in base.rglob("cgroup.procs") for pid in f.read_text().split()]
+        pids = [pid for pid in pids if int(pid) != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def _remove_tree(root: Path) -> None:
+    if not root.is_dir() or root.is_symlink():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=_depth, reverse=True):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    with contextlib.suppress(OSError):
+        root.rmdir()
+
+
+def image_name(archive: Path) -> str:
+    """The name a docker-archive gives its image (its manifest.json's first RepoTag)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        assert member is not None, f"{archive} has no manifest.json"
+        tags = json.load(member)[0]["RepoTags"]
+    return str(tags[0])
+
+
+def _depth(p: Path) -> int:
+    return len(p.parts)
+
+
+def containerd_config(node: RealNode) -> str:
+    """containerd 2.x (config version 3): its state under the node's directory, runc from our
+    build, the CNI bridge; no OOM score below our own (root here lacks CAP_SYS_RESOURCE) and no
+    AppArmor (not on this kernel)."""
+    d = node.dir / "containerd"
+    return f"""version = 3
+root = "{node.store_root}"
+state = "{node.run_dir / "state"}"
+imports = []
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{node.sock}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_selinux = false
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{node.bins.cni}"]
+    conf_dir = "{node.dir / "cni"}"
+    max_conf_num = 1
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{node.bins.node / "runc"}"
+        SystemdCgroup = false
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d / "opt"}"
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
+
+
+def cni_config(net: Network, n: int) -> dict[str, object]:
+    return {
+        "cniVersion": "1.0.0",
+        "name": "etoperator-local",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "ipMasq": True,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": net.pod_cidr(n)}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": "",
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def kubelet_config(node: RealNode, cert: Path, key: Path, resolv: Path) -> dict[str, object]:
+    """A kubelet for cgroup v1 and no swap accounting, that never deletes the local images
+    (there is no registry to pull them again) and never evicts for disk."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "containerRuntimeEndpoint": f"unix://{node.sock}",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/{node.cgroup_root}",
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "oomScoreAdj": 0,
+        "clusterDNS": [node.dns],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": str(resolv),
+        "podLogsDir": str(node.dir / "pod-logs"),
+        "tlsCertFile": str(cert),
+        "tlsPrivateKeyFile": str(key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(node.cp.ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "imageMinimumGCAge": "876000h",
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "serializeImagePulls": False,
+        "healthzPort": 10248,
+        "staticPodPath": "",
+        "registerNode": True,
+        "maxPods": 110,
+        "podCIDR": node.net.pod_cidr(node.n),
+        "shutdownGracePeriod": "0s",
+    }
+
+
+def kube_proxy_config(node: RealNode, kubeconfig: Path) -> dict[str, object]:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": node.name,
+        "mode": "iptables",
+        "clusterCIDR": node.net.cluster_cidr,
+        "conntrack": {"maxPerCore": 0},  # a global sysctl: leave it alone
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+    }
