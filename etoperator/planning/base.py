@@ -65,6 +65,8 @@ class Base:
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
     ) -> None:
         new = ScalerStatus.from_dict(self.plan.scaler_status.get(sc.key, sc.status))
+        if new.phase in st.SCALE_TERMINAL and phase != new.phase:
+            return  # a scaler's end is written once and never changes
         conds, changed = st.set_condition(
             new.conditions or [], ctype, "True", reason, message, self.now
         )

@@ -84,9 +84,14 @@ class Lifecycle(Base):
                 job.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
             ):
                 self.delete(pod.name)
+        current = self.inp.status.get("currentScaler") or ""
         self.s.current_scaler = ""
         for sc in self.inp.scalers:
-            if sc.phase not in st.SCALE_TERMINAL:
+            # One that started but is not the job's current scaler has ended already: our own
+            # write of its end is what the cache has yet to show.
+            started = sc.phase == st.SCALE_RUNNING
+            ref = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
+            if sc.phase not in st.SCALE_TERMINAL and (not started or ref == current):
                 self.fail_scaler(
                     sc, "JobFinished", f"job {job.name} ended {self.s.phase}; nothing scaled"
                 )

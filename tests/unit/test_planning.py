@@ -388,3 +388,21 @@ def test_one_worker_is_spoken_of_in_the_singular() -> None:
     plan = plan_job(inp(jspec(replicas=1), running_status([0], conditions=[]), [w(0)]))
     ready = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
     assert ready["message"] == "1 worker accepts the job's SSH key"
+
+
+def test_a_scale_that_succeeded_stays_succeeded_when_the_job_ends() -> None:
+    """A ScaleIn finishing in the pass where the launcher succeeds ends ScaleSucceeded, and a
+    later pass that still sees it Scaling (a cache behind our write) never rewrites its end."""
+    spec = jspec(minReplicas=1)
+    si = scaler(scalein("shrink", "j", count=1))
+    start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [si]))
+    si = dataclasses.replace(si, status=start.scaler_status[si.key])
+    pods = [w(0), w(1, busy=False), launcher("Succeeded")]
+    end = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
+    assert end.status["phase"] == "Succeeded"
+    assert end.scaler_status[si.key]["phase"] == "ScaleSucceeded"
+    failed = [c for c in end.scaler_status[si.key]["conditions"] if c["type"] == "ScaleFailed"]
+    assert failed == []
+    # The next pass, its cache still showing the scaler as it was before our write.
+    again = plan_job(inp(spec, end.status, pods, [si], published=["j-worker-0"]))
+    assert again.scaler_status.get(si.key, {}).get("phase") in (None, "ScaleSucceeded")
