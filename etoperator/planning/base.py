@@ -117,6 +117,18 @@ class Base:
             if st.condition(self.s.conditions or [], ctype):
                 self.cond(ctype, "False", "NewRun", "a new run is starting")
 
+    def follow(self, members: int) -> None:
+        worker = self.job().worker
+        wanted = max(members, worker.min_replicas)
+        if worker.max_replicas is not None:
+            wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
+        if wanted == worker.replicas:
+            self.accept(wanted)
+            return
+        self.s.accepted_replicas = wanted
+        self.s.replicas_before = worker.replicas
+        self.plan.spec_replicas = wanted
+
     def accept(self, replicas: int) -> None:
         self.s.accepted_replicas = replicas
         self.s.replicas_before = None

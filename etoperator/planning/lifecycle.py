@@ -97,6 +97,10 @@ class Lifecycle(Base):
                 )
 
     def suspend(self) -> None:
+        active = self.active_scaler()
+        if active is not None:  # the size before it, for the resume (it showed its target)
+            before = set(self.s.target_workers or []) ^ set(active.planned)
+            self.follow(len(before))
         for pod in self.inp.pods:
             self.delete(pod.name)
         self.s.target_workers = []

@@ -195,18 +195,6 @@ class Scaling(Base):
             return None
         return spec
 
-    def follow(self, members: int) -> None:
-        worker = self.job().worker
-        wanted = max(members, worker.min_replicas)
-        if worker.max_replicas is not None:
-            wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
-        if wanted == worker.replicas:
-            self.accept(wanted)
-            return
-        self.s.accepted_replicas = wanted
-        self.s.replicas_before = worker.replicas
-        self.plan.spec_replicas = wanted
-
     def take_request(self, replicas: int) -> None:
         job = self.job()
         if self.s.current_scaler or any(

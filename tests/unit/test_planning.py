@@ -406,3 +406,23 @@ def test_a_scale_that_succeeded_stays_succeeded_when_the_job_ends() -> None:
     # The next pass, its cache still showing the scaler as it was before our write.
     again = plan_job(inp(spec, end.status, pods, [si], published=["j-worker-0"]))
     assert again.scaler_status.get(si.key, {}).get("phase") in (None, "ScaleSucceeded")
+
+
+def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
+    """The ScaleOut ends JobSuspended, and spec replicas (raised to its target while it ran)
+    return to the size before it, so that resuming starts the job at that size."""
+    spec = jspec(maxReplicas=4)
+    so = scaler(scaleout("grow", "j", 2))
+    start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
+    assert start.spec_replicas == 4  # the target, shown while it runs
+    so = dataclasses.replace(so, status=start.scaler_status[so.key])
+    b = job("j", maxReplicas=4, replicas=4)
+    b["metadata"].update(
+        namespace="ns", uid="u", annotations={"job-supervisor.kube-ai.io/job-suspended": "true"}
+    )
+    suspended = parse_job(b)
+    pods = [w(0), w(1), w(2, "Pending", False), w(3, "Pending", False), launcher()]
+    plan = plan_job(inp(suspended, start.status, pods, [so]))
+    assert plan.status["phase"] == "Suspended"
+    assert plan.scaler_status[so.key]["phase"] == "ScaleFailed"
+    assert plan.spec_replicas == 2
