@@ -98,10 +98,7 @@ def jobs_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> d
 
 
 def _scaler_key(namespace: str | None, body: kopf.Body) -> tuple[str, str]:
-    return (
-        namespace or "",
-        str(((body.get("spec") or {}).get("selector") or {}).get("name") or ""),
-    )
+    return (namespace or "", naming.selected_job(body))
 
 
 @kopf.index(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)
@@ -171,10 +168,10 @@ async def child_event(
 
 
 async def _scaler_event(rt: Runtime, kind: str, name: str, namespace: str, body: kopf.Body) -> None:
-    job = ((body.get("spec") or {}).get("selector") or {}).get("name")
+    job = naming.selected_job(body)
     if not rt.is_leader():
         return
-    if isinstance(job, str) and rt.has((namespace, job)):
+    if job and rt.has((namespace, job)):
         rt.kick((namespace, job))
         return
     loop = asyncio.get_running_loop()

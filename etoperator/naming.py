@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 GROUP = "kai.alibabacloud.com"
 VERSION = "v1alpha1"
@@ -124,6 +126,15 @@ def secret_name(job: str) -> str:
 
 def launcher_sa_name(job: str) -> str:
     return f"{job}-launcher"
+
+
+def selected_job(scaler: Mapping[str, Any]) -> str:
+    """The job a scaler's spec.selector.name names, or "" whatever else it holds: scalers
+    written without the schema may hold anything (parsing says what is wrong with them)."""
+    spec = scaler.get("spec")
+    selector = spec.get("selector") if isinstance(spec, Mapping) else None
+    name = selector.get("name") if isinstance(selector, Mapping) else None
+    return name if isinstance(name, str) else ""
 
 
 def scaler_ref(kind: str, namespace: str, name: str) -> str:

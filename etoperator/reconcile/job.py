@@ -195,7 +195,7 @@ class JobReconciler(Observing, Children, Scripts):
         body = self.kube.get(kind, namespace, name)
         if body is None:
             return
-        job_name = ((body.get("spec") or {}).get("selector") or {}).get("name")
+        job_name = naming.selected_job(body)
         job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
         view = scaler_view(body, None)
         new, event = plan_orphan_scaler(view, job is not None, self.clock())

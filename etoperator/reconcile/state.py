@@ -60,8 +60,7 @@ def job_of(body: dict[str, Any]) -> tuple[str, str]:
     meta = body["metadata"]
     if body.get("kind") == naming.JOB_KIND:
         return (meta.get("namespace", ""), meta["name"])
-    selector = (body.get("spec") or {}).get("selector") or {}
-    return (meta.get("namespace", ""), str(selector.get("name", "")))
+    return (meta.get("namespace", ""), naming.selected_job(body))
 
 
 def refused(exc: ApiError) -> bool:

@@ -222,3 +222,25 @@ def test_template_labels_must_be_strings() -> None:
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {"labels": "abc"}
     with pytest.raises(InvalidSpec, match=r"template\.metadata\.labels must be an object"):
         parse_job(b)
+
+
+@pytest.mark.parametrize(
+    "spec,job",
+    [
+        ({"selector": {"name": "j"}}, "j"),
+        ({"selector": "j"}, ""),
+        ({"selector": ["j"]}, ""),
+        ({"selector": {"name": 5}}, ""),
+        ("spec", ""),
+        (None, ""),
+        ({}, ""),
+    ],
+)
+def test_the_job_a_scaler_selects_whatever_its_shape(spec: Any, job: str) -> None:
+    """Scalers written before the schema (or without it) may hold anything: the watch index and
+    the event handler read their job without raising, and parsing says what is wrong."""
+    body = {"metadata": {"name": "s", "namespace": "ns"}, "spec": spec}
+    assert naming.selected_job(body) == job
+    if not job:
+        with pytest.raises(InvalidSpec, match="spec"):
+            parse_scaler("ScaleOut", body)
