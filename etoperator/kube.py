@@ -231,7 +231,8 @@ class Kube:
             output = resp.read_stdout() + resp.read_stderr()
             code = resp.returncode
             resp.close()
-        except (ApiException, WebSocketException, OSError, ValueError) as exc:
+        except (ApiException, WebSocketException, OSError, ValueError, TypeError) as exc:
+            # TypeError: what the client raises for an argument it cannot send (a NUL byte).
             return -1, f"could not run it: {exc}"
         return (code if code is not None else -1), output
 

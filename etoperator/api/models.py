@@ -303,7 +303,9 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         ename, value = item.get("name"), item.get("value", "")
         if not isinstance(ename, str) or not _ENV_NAME.match(ename):
             raise InvalidSpec(f"spec.env[{i}].name {ename!r} is not a valid variable name")
-        env.append((ename, str(value)))
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidSpec(f"spec.env[{i}].value must be a string without NUL bytes")
+        env.append((ename, value))
     count: int | None = None
     pod_names: tuple[str, ...] | None = None
     if kind == naming.SCALEOUT_KIND:

@@ -161,12 +161,6 @@ class Observing(State):
                 mine.pop(r)
         return stale
 
-    def wrote(self, before: dict[str, Any]) -> None:
-        """`before` was replaced by a write of ours: until the cache moves past it (and any
-        version between our writes), it is stale."""
-        mine = self._superseded.setdefault(job_of(before), {})
-        mine.setdefault(ref(before), set()).add(before["metadata"]["resourceVersion"])
-
     def _ssh_key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
         cache_key = f"{job_key(job.namespace, job.name, job.uid)}/{secret_name}"
         if cache_key not in self._keys:

@@ -99,6 +99,9 @@ class State:
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, "etoperator-script")
     )
     _scripts: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
+    # Scripts that ran and were reported: never run again for the same scaler, even by a pass
+    # that read the scaler before the report landed.
+    _scripts_done: set[str] = field(default_factory=set)
     # Per job (namespace, name): objects of its view (the job, its scalers) -> versions that a
     # write of ours replaced, which the cache may still show.
     _superseded: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
@@ -115,7 +118,14 @@ class State:
             for k in [k for k in cache if k.startswith(prefix)]:
                 cache.pop(k)
         self._refused = {k for k in self._refused if not k.startswith(prefix)}
+        self._scripts_done = {k for k in self._scripts_done if not k.startswith(prefix)}
         self._superseded.pop((namespace, job), None)
+
+    def wrote(self, before: dict[str, Any]) -> None:
+        """`before` was replaced by a write of ours: until the cache moves past it (and any
+        version between our writes), it is stale."""
+        mine = self._superseded.setdefault(job_of(before), {})
+        mine.setdefault(ref(before), set()).add(before["metadata"]["resourceVersion"])
 
     def superseded(self) -> int:
         """How many objects are remembered as written but maybe not yet seen so."""

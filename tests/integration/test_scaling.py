@@ -6,6 +6,7 @@ import base64
 import io
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -328,6 +329,32 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
     import os
 
     assert not os.path.exists("/tmp/etoperator-pwned")
+
+
+def test_a_scaler_script_runs_once_per_scale(cluster: Cluster, ns: str, tmp_path: Path) -> None:
+    """Each scaler's script runs once: not again when the pass after it still sees the scaler
+    without its ScriptExecuted condition (the cache behind the script's report)."""
+    out = tmp_path / "runs"
+    hook = tmp_path / "count.sh"
+    hook.write_text(f'echo "$1" >> {out}\n')
+    cluster.create(job("once", replicas=4, minReplicas=1), ns)
+    running(cluster, ns, "once", 4)
+    names = [f"once-in-{i}" for i in range(3)]
+    for name in names:
+        manifest = scalein(name, "once", count=1)
+        manifest["spec"]["script"] = str(hook)
+        cluster.create(manifest, ns)
+        settled(cluster, ns, SI, name, "ScaleSucceeded")
+    runs = lambda: out.read_text().splitlines() if out.exists() else []
+    # A second run would come within a pass or two of the report; none may come at all.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        assert len(runs()) <= 3, runs()
+        time.sleep(0.1)
+    assert sorted(runs()) == ["once-worker-1:1", "once-worker-2:1", "once-worker-3:1"]
+    for name in names:
+        events = [e for e in cluster.events(ns, name) if e["reason"] == "ScriptSucceeded"]
+        assert len(events) == 1 and events[0].get("count", 1) == 1, events
 
 
 def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:

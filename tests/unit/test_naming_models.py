@@ -192,6 +192,10 @@ def test_scaler_env_and_script() -> None:
     m["spec"]["env"] = [{"name": "A=B; rm", "value": "x"}]
     with pytest.raises(InvalidSpec, match="variable name"):
         parse_scaler("ScaleOut", m)
+    # A NUL byte can reach no process's environment: refused before any exec is tried.
+    m["spec"]["env"] = [{"name": "A", "value": "x\0y"}]
+    with pytest.raises(InvalidSpec, match=r"spec.env\[0\].value .*NUL"):
+        parse_scaler("ScaleOut", m)
     m["spec"]["env"] = []
     m["spec"]["script"] = "relative.sh"
     with pytest.raises(InvalidSpec, match="absolute"):

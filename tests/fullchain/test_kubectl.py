@@ -1,0 +1,76 @@
+"""What users type works on the local cluster as on any other: the operator runs as deploy/
+installs it, and kubectl exec, logs (-f, --tail, --since), describe and get events answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from localcluster.cluster import OPERATOR_NS
+from localcluster.tour import JOB
+from tests.harness import ROOT, Chain, wait_for
+
+pytestmark = pytest.mark.fullchain
+
+
+def test_the_operator_runs_as_deployed(chain: Chain) -> None:
+    """Two replicas Ready (their liveness and the apiserver through in-cluster config), one of
+    them holding the Lease."""
+    c = chain
+    deploy = json.loads(
+        c.kubectl("get", "deploy/etoperator", "-n", OPERATOR_NS, "-o", "json").stdout
+    )
+    assert deploy["status"].get("readyReplicas") == 2
+    pods = json.loads(
+        c.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=etoperator",
+                  "-o", "json").stdout
+    )["items"]  # fmt: skip
+    assert len(pods) == 2
+    assert all(p["status"]["containerStatuses"][0]["restartCount"] == 0 for p in pods)
+    leader = wait_for(c.operator.leader, 30, "a replica holding the Lease")
+    assert leader in {p["metadata"]["name"] for p in pods}
+
+
+def test_exec_logs_describe_and_events(chain: Chain) -> None:
+    c = chain
+    ns = c.new_namespace()
+    c.kubectl("-n", ns, "create", "-f", str(ROOT / "examples/training_job.yaml"))
+    launcher, w0, w1 = f"{JOB}-launcher", f"{JOB}-worker-0", f"{JOB}-worker-1"
+    wait_for(lambda: "STEP 20 " in c.pod_log(ns, launcher), 120, "training", interval=0.5)
+
+    # exec into a worker: its peers' names resolve through cluster DNS (headless Services).
+    out = c.kubectl("-n", ns, "exec", w0, "--", "getent", "hosts", w1).stdout
+    ip = json.loads(c.kubectl("-n", ns, "get", "pod", w1, "-o", "json").stdout)["status"]["podIP"]
+    assert out.split()[0] == ip, out
+    # exec into the launcher: ssh reaches a worker by name with the job's key, as horovodrun does.
+    out = c.kubectl("-n", ns, "exec", launcher, "--", "ssh", w1, "hostname").stdout
+    assert out.strip() == w1
+
+    # logs: --tail, --since, -f.
+    tail = c.kubectl("-n", ns, "logs", launcher, "--tail=3").stdout.splitlines()
+    assert len(tail) == 3 and all("STEP" in line for line in tail), tail
+    since = c.kubectl("-n", ns, "logs", launcher, "--since=1s").stdout.splitlines()
+    everything = c.kubectl("-n", ns, "logs", launcher).stdout.splitlines()
+    assert 0 < len(since) < len(everything)
+    assert c.local.cp is not None
+    follow = subprocess.Popen(
+        [str(c.local.cp.kubectl_path()), "--kubeconfig", str(c.kubeconfig), "-n", ns,
+         "logs", "-f", "--tail=0", launcher],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert follow.stdout is not None
+        lines = [follow.stdout.readline() for _ in range(3)]
+        assert all("STEP" in line for line in lines), lines
+    finally:
+        follow.kill()
+        follow.wait()
+
+    described = c.kubectl("-n", ns, "describe", "tj", JOB).stdout
+    assert "WorkersReady" in described and "LauncherCreated" in described
+    events = c.kubectl("-n", ns, "get", "events", "-o", "json").stdout
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"Scheduled", "Started", "WorkersReady", "Running"} <= reasons, reasons
+    c.kubectl("-n", ns, "delete", "tj", JOB, "--wait=false")
