@@ -345,7 +345,10 @@ def test_a_scaler_script_runs_once_per_scale(cluster: Cluster, ns: str, tmp_path
         manifest["spec"]["script"] = str(hook)
         cluster.create(manifest, ns)
         settled(cluster, ns, SI, name, "ScaleSucceeded")
-    runs = lambda: out.read_text().splitlines() if out.exists() else []
+
+    def runs() -> list[str]:
+        return out.read_text().splitlines() if out.exists() else []
+
     # A second run would come within a pass or two of the report; none may come at all.
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
