@@ -53,12 +53,22 @@ class Base:
         self.scalers = {s.key: s for s in inp.scalers}
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
 
-    def cond(self, ctype: str, status: str, reason: str, message: str, warn: bool = False) -> None:
+    def cond(
+        self,
+        ctype: str,
+        status: str,
+        reason: str,
+        message: str,
+        warn: bool = False,
+        event: bool = True,
+    ) -> None:
+        """Set a job condition; a change to True is told as an Event too (unless `event` is
+        off: a message kept current, such as a count, is not news)."""
         conds, changed = st.set_condition(
             self.s.conditions or [], ctype, status, reason, message, self.now
         )
         self.s.conditions = conds
-        if changed and status == "True":
+        if changed and status == "True" and event:
             self.plan.events.append(Event("Warning" if warn else "Normal", reason, message))
 
     def scaler_cond(

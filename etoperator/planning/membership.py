@@ -149,13 +149,19 @@ class Membership(Base):
             if self.launcher is None and m.members and len(ready) == len(m.members):
                 m = Members(m.members, m.members)
                 self.plan.create_launcher = True
-                verb = "accepts" if len(m.members) == 1 else "accept"
-                message = f"{workers(len(m.members))} {verb} the job's SSH key"
-                self.cond("WorkersReady", "True", "WorkersReady", message)
+                self.workers_ready(len(m.members), event=True)
             self.again("waiting to start the launcher")
             return m
         m = m.hosting(*(n for n in ready if n not in newcomers))
+        self.workers_ready(len(m.hosts), event=False)
         return self.follow_launcher(m, launcher)
+
+    def workers_ready(self, count: int, event: bool) -> None:
+        """WorkersReady with the number of workers in the host list now (kept current after
+        scales without a new event)."""
+        verb = "accepts" if count == 1 else "accept"
+        message = f"{workers(count)} {verb} the job's SSH key"
+        self.cond("WorkersReady", "True", "WorkersReady", message, event=event)
 
     def follow_launcher(self, m: Members, launcher: PodView | None) -> Members | None:
         job = self.job()

@@ -426,3 +426,17 @@ def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
     assert plan.status["phase"] == "Suspended"
     assert plan.scaler_status[so.key]["phase"] == "ScaleFailed"
     assert plan.spec_replicas == 2
+
+
+def test_workers_ready_says_how_many_there_are_now_without_a_new_event() -> None:
+    """After a scale, WorkersReady tells the current count (not the count the launcher started
+    with), and a changed count is no new WorkersReady event."""
+    status = running_status([0, 1])
+    status["conditions"].append(
+        {"type": "WorkersReady", "status": "True", "reason": "WorkersReady",
+         "message": "4 workers accept the job's SSH key"}
+    )  # fmt: skip
+    plan = plan_job(inp(jspec(), status, [w(0), w(1), launcher()]))
+    cond = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
+    assert cond["message"] == "2 workers accept the job's SSH key"
+    assert [e for e in plan.events if e.reason == "WorkersReady"] == []
