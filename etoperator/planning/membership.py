@@ -31,6 +31,7 @@ class Membership(Base):
             m = self.drive_scale_in(active, m)
         m = m.sorted(self.job().name)
         self.s.target_workers = list(m.members)
+        self.say_pending(m)
         after = self.launch(m, launcher, launched, newcomers)
         if after is None:
             return  # the job ended
@@ -155,6 +156,19 @@ class Membership(Base):
         m = m.hosting(*(n for n in ready if n not in newcomers))
         self.workers_ready(len(m.hosts), event=False)
         return self.follow_launcher(m, launcher)
+
+    def say_pending(self, m: Members) -> None:
+        """WorkersPending: members whose pods say they cannot run (unschedulable, an image that
+        cannot be had), in their own words; a Warning event when that changes."""
+        stuck = [
+            f"{n}: {self.workers[n].waiting}"
+            for n in m.members
+            if n in self.workers and self.workers[n].waiting and not self.workers[n].ready
+        ]
+        if stuck:
+            self.cond("WorkersPending", "True", "WorkersPending", "; ".join(stuck), warn=True)
+        elif st.is_true(self.s.conditions or [], "WorkersPending"):
+            self.cond("WorkersPending", "False", "WorkersRunning", "every worker can run")
 
     def workers_ready(self, count: int, event: bool) -> None:
         """WorkersReady with the number of workers in the host list now (kept current after

@@ -30,16 +30,19 @@ class Scaling(Base):
             removed = f"; removed {', '.join(ours)}" if ours else ""
             why = f"pod {', '.join(taken)} exists and is not this job's"
             return self.scale_out_failed(sc, m, ours, why, f"{why}; nothing added{removed}")
-        if broken or self.timed_out(sc):
+        missing = [n for n in new if not (self.workers.get(n) and self.workers[n].ready)]
+        # The timeout bounds the joining only: once they are in, a script that runs on is
+        # reported when it ends (bounded by the same timeout), never a rollback.
+        if broken or (missing and self.timed_out(sc)):
             assert sc.spec is not None
-            missing = [n for n in new if not (self.workers.get(n) and self.workers[n].ready)]
             why = (
                 f"new workers failed while joining: {', '.join(broken)}"
                 if broken
-                else f"new workers not ready within {sc.spec.timeout}s: {', '.join(missing)}"
+                else f"new workers not ready within {sc.spec.timeout}s: "
+                + ", ".join(self.not_ready_why(n) for n in missing)
             )
             return self.scale_out_failed(sc, m, new, why, f"{why}; removed {', '.join(new)}")
-        if not all(self.workers.get(n) and self.workers[n].ready for n in new):
+        if missing:
             self.again("new workers not ready yet")
             return m
         m = m.hosting(*new)
@@ -49,6 +52,12 @@ class Scaling(Base):
         elif self.script_done(sc, new):
             self.finish_scale(sc, f"added {', '.join(new)} to the host list")
         return m
+
+    def not_ready_why(self, name: str) -> str:
+        """A worker that is not ready, and what holds it if its pod says (unschedulable, an
+        image that cannot be had)."""
+        pod = self.workers.get(name)
+        return f"{name} ({pod.waiting})" if pod is not None and pod.waiting else name
 
     def scale_out_failed(
         self, sc: ScalerView, m: Members, ours: list[str], why: str, message: str

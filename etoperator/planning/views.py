@@ -24,6 +24,7 @@ class PodView:
     run: int | None = None  # launcher: the run (restartCount) it was created for
     leaving: str = ""  # a notice that the pod is about to go (preemption, drain)
     busy: bool | None = None  # scale-in victim: a Horovod process still runs on it
+    waiting: str = ""  # why a pod that is not running cannot run (its own words), if it says
 
     @property
     def draining(self) -> bool:

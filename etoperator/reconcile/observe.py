@@ -91,9 +91,29 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
                 reason=str(pst.get("reason") or term_reason),
                 run=int(run) if run is not None and str(run).isdigit() else None,
                 leaving=_leaving(p, tainted) if worker else "",
+                waiting=_waiting(pst),
             )
         )
     return views
+
+
+# Reasons a container waits that pass by themselves: not worth telling the user.
+_TRANSIENT = ("ContainerCreating", "PodInitializing")
+
+
+def _waiting(pst: dict[str, Any]) -> str:
+    """Why a pod that is not running cannot run, in the words of the scheduler or the kubelet
+    ("" when it says nothing, or only that it is on its way)."""
+    if (pst.get("phase") or "Pending") != "Pending":
+        return ""
+    for c in pst.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return f"{c.get('reason') or 'NotScheduled'}: {c.get('message') or ''}".rstrip(": ")
+    for cs in pst.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] not in _TRANSIENT:
+            return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
+    return ""
 
 
 def scale_in_victims(status: dict[str, Any], scalers: list[dict[str, Any]]) -> set[str]:

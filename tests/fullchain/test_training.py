@@ -67,3 +67,23 @@ def test_a_non_root_launcher_is_told_at_once_why_it_cannot_train(chain: Chain) -
     event = c.wait_event(ns, JOB, "InvalidSpec", "Warning")
     assert "uid 1000" in event["message"]
     assert c.pods(ns, JOB) == []
+
+
+def test_workers_the_scheduler_cannot_place_are_said_on_the_job(chain: Chain) -> None:
+    """On real nodes, a worker asking for more CPU than any node has stays Pending: the job says
+    so in the scheduler's words (WorkersPending and a Warning event) instead of sitting in
+    Created without a word."""
+    c = chain
+    ns = c.new_namespace()
+    doc = yaml.safe_load((ROOT / "examples/training_job.yaml").read_text())
+    worker = doc["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {"cpu": "64"}}
+    assert c.kubectl_create(ns, doc).returncode == 0
+    cond = wait_for(lambda: c.condition(ns, JOB, "WorkersPending"), 30, "WorkersPending")
+    assert (
+        cond is not None and cond["status"] == "True" and "Insufficient cpu" in cond["message"]
+    ), cond
+    assert f"{JOB}-worker-0" in cond["message"]
+    event = c.wait_event(ns, JOB, "WorkersPending", "Warning")
+    assert "Insufficient cpu" in event["message"]
+    assert c.phase(ns, JOB) == "Created"

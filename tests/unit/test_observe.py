@@ -90,3 +90,26 @@ def test_what_a_write_made_stale_is_forgotten_with_the_object() -> None:
     state.wrote(job)
     state.forget("ns", "j")
     assert state.superseded() == 0
+
+
+def test_classify_tells_why_a_pending_pod_cannot_run() -> None:
+    unschedulable = pod("j-worker-0", "Pending")
+    unschedulable["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 Insufficient cpu."}
+    ]  # fmt: skip
+    no_image = pod("j-worker-1", "Pending")
+    no_image["status"]["containerStatuses"] = [
+        {"state": {"waiting": {"reason": "ErrImageNeverPull", "message": "image not present"}}}
+    ]
+    creating = pod("j-worker-2", "Pending")
+    creating["status"]["containerStatuses"] = [
+        {"state": {"waiting": {"reason": "ContainerCreating"}}}
+    ]
+    views = classify("j", [unschedulable, no_image, creating, pod("j-worker-3")], set())
+    assert [v.waiting for v in views] == [
+        "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.",
+        "ErrImageNeverPull: image not present",
+        "",
+        "",
+    ]

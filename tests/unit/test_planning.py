@@ -440,3 +440,47 @@ def test_workers_ready_says_how_many_there_are_now_without_a_new_event() -> None
     cond = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
     assert cond["message"] == "2 workers accept the job's SSH key"
     assert [e for e in plan.events if e.reason == "WorkersReady"] == []
+
+
+def test_a_script_that_outlives_the_timeout_never_undoes_the_scale_out() -> None:
+    """The new workers are in the host list Horovod reads: the scale happened. A script still
+    running past the scaler's timeout is waited for (its own run is bounded by that timeout)
+    and its outcome is reported, never a rollback with an empty list of laggards."""
+    spec = jspec(maxReplicas=3)
+    manifest = scaleout("grow", "j", 1, timeout=10)
+    manifest["spec"]["script"] = "/hooks/slow.sh"
+    so = scaler(manifest)
+    first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
+    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    pods = [w(0), w(1), w(2), launcher()]
+    joined = plan_job(inp(spec, first.status, pods, [so]))
+    hosts = joined.hosts
+    later = plan_job(
+        inp(spec, joined.status, pods, [so], now=NOW + timedelta(seconds=30), published=hosts)
+    )
+    assert later.scaler_status.get(so.key, so.status)["phase"] == "Scaling"
+    assert later.delete_pods == [] and later.run_scripts, later
+    reported = dict(so.status, conditions=[*so.status["conditions"], {
+        "type": "ScriptExecuted", "status": "False", "reason": "ScriptFailed",
+        "message": "script exited 124 on j-launcher"}])  # fmt: skip
+    so = dataclasses.replace(so, status=reported)
+    done = plan_job(
+        inp(spec, later.status, pods, [so], now=NOW + timedelta(seconds=31), published=hosts)
+    )
+    assert done.scaler_status[so.key]["phase"] == "ScaleSucceeded"
+
+
+def test_workers_that_cannot_run_are_said_on_the_job() -> None:
+    """A worker the scheduler cannot place (or whose image cannot be had) leaves the job
+    waiting: the job says which and why, in the pod's own words, with a Warning event."""
+    spec = jspec()
+    first = plan_job(inp(spec, {}, []))
+    why = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
+    pods = [w(0), w(1, "Pending", False, waiting=why)]
+    plan = plan_job(inp(spec, first.status, pods))
+    cond = next(c for c in plan.status["conditions"] if c["type"] == "WorkersPending")
+    assert cond["status"] == "True" and "j-worker-1" in cond["message"] and why in cond["message"]
+    assert [e.type for e in plan.events if e.reason == "WorkersPending"] == ["Warning"]
+    placed = plan_job(inp(spec, plan.status, [w(0), w(1)]))
+    cond = next(c for c in placed.status["conditions"] if c["type"] == "WorkersPending")
+    assert cond["status"] == "False"
