@@ -43,7 +43,13 @@ class Scaling(Base):
             )
             return self.scale_out_failed(sc, m, new, why, f"{why}; removed {', '.join(new)}")
         if missing:
-            self.again("new workers not ready yet")
+            assert sc.spec is not None
+            what = (
+                f"waiting for {', '.join(self.not_ready_why(n) for n in missing)} to accept the "
+                f"job's SSH key (up to the {sc.spec.timeout}s timeout)"
+            )
+            self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "WaitingForWorkers", what)
+            self.again(f"new workers not ready yet: {', '.join(missing)}")
             return m
         m = m.hosting(*new)
         # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
@@ -86,7 +92,13 @@ class Scaling(Base):
         if not set(victims) & published and not self.script_done(sc, victims):
             return m
         if draining and not self.timed_out(sc):
-            self.again("victims still draining")
+            assert sc.spec is not None
+            what = (
+                f"waiting for Horovod to stop on {', '.join(draining)} (up to the "
+                f"{sc.spec.timeout}s timeout, then they are deleted anyway)"
+            )
+            self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Draining", what)
+            self.again(f"victims still draining: {', '.join(draining)}")
             return m
         for v in alive:
             self.delete(v)

@@ -484,3 +484,17 @@ def test_workers_that_cannot_run_are_said_on_the_job() -> None:
     placed = plan_job(inp(spec, plan.status, [w(0), w(1)]))
     cond = next(c for c in placed.status["conditions"] if c["type"] == "WorkersPending")
     assert cond["status"] == "False"
+
+
+def test_a_scale_in_that_waits_says_for_what() -> None:
+    """A ScaleIn waiting on Horovod to leave its victims says so on the scaler (which pods,
+    and until when), not in silence."""
+    spec = jspec(minReplicas=1)
+    si = scaler(scalein("shrink", "j", count=1))
+    start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [si]))
+    si = dataclasses.replace(si, status=start.scaler_status[si.key])
+    pods = [w(0), w(1, busy=True), launcher()]
+    plan = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
+    cond = next(c for c in plan.scaler_status[si.key]["conditions"] if c["type"] == "Scaling")
+    assert cond["reason"] == "Draining" and "j-worker-1" in cond["message"]
+    assert "60s timeout" in cond["message"]
