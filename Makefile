@@ -36,9 +36,10 @@ cluster-test:
 	$(PY) -m pytest -q -s tests/cluster --kubeconfig=$(KUBECONFIG)
 
 # A local cluster with the operator and a tour of elastic training; ARGS=--no-tour only brings
-# it up. It keeps running until Ctrl-C or `make demo-down`.
+# it up. It keeps running until Ctrl-C or `make demo-down` (which stops any demo running here,
+# or the one of ARGS="--dir X").
 demo: setup
 	$(PY) -m localcluster.demo $(ARGS)
 
 demo-down:
-	$(PY) -m localcluster.demo --down
+	$(PY) -m localcluster.demo --down $(ARGS)

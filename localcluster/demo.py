@@ -37,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tour", action="store_true", help="only bring the cluster up")
     p.add_argument("--exit", action="store_true", help="stop when the tour ends (no waiting)")
     p.add_argument("--down", action="store_true", help="stop a running demo")
-    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where its state lives")
+    p.add_argument("--dir", type=Path, help=f"where its state lives (default {DEFAULT_DIR})")
     p.add_argument("--api-port", type=int, default=6443, help="the apiserver's port")
     p.add_argument("--results", type=Path, help="write the tour's timings here (JSON)")
     return p
@@ -90,17 +90,42 @@ def preflight(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def down(d: Path) -> int:
+def running_demos() -> list[int]:
+    """Every demo running on this machine, wherever its state lives (`--dir`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"localcluster.demo" in argv and b"--down" not in argv:
+                found.append(int(proc.name))
+    return found
+
+
+def down(d: Path, explicit: bool) -> int:
+    """Stop the demo of `d`; without an explicit --dir, any demo running here."""
     pid = running_pid(d)
-    if pid is None:
-        print(f"no demo is running (nothing in {d})")
+    pids = [pid] if pid is not None else ([] if explicit else running_demos())
+    if not pids:
+        print(f"no demo is running (nothing in {d})" if explicit else "no demo is running")
         return 0
-    os.kill(pid, signal.SIGTERM)
+    for p in pids:
+        os.kill(p, signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while running_pid(d) is not None and time.monotonic() < deadline:
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    print(f"stopped the demo (pid {pid})")
+    print(f"stopped the demo (pid {', '.join(map(str, pids))})")
     return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
 
 
 def tour(lc: LocalCluster, results: Path | None) -> None:
@@ -125,8 +150,10 @@ def tour(lc: LocalCluster, results: Path | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    explicit = args.dir is not None
+    args.dir = args.dir or DEFAULT_DIR
     if args.down:
-        return down(args.dir)
+        return down(args.dir, explicit)
     problems = preflight(args)
     if problems:
         for p in problems:

@@ -77,3 +77,34 @@ def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert f"port {port} is in use" in out.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_demo_down_stops_a_demo_started_elsewhere(tmp_path: Path) -> None:
+    """`make demo-down` (no arguments) stops a demo started with ARGS="--dir X"."""
+    state = tmp_path / "elsewhere"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "localcluster.demo", "--no-tour", "--dir", str(state),
+         "--api-port", str(procs.free_port())],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:
+            seen.append(line)
+            if "The cluster keeps running" in line:
+                break
+        assert "The cluster keeps running" in "".join(seen), "".join(seen)[-3000:]
+        hints = demo.stdout.readline() + demo.stdout.readline() + demo.stdout.readline()
+        hints += demo.stdout.readline() + demo.stdout.readline()
+        assert "kubectl create -f examples/training_job.yaml" in hints, hints
+        down = subprocess.run(
+            ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert down.returncode == 0 and "stopped the demo" in down.stdout, down.stdout
+        assert demo.wait(60) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert not state.exists()
+    assert processes_mentioning(str(state)) == []
