@@ -50,9 +50,6 @@ def parser() -> argparse.ArgumentParser:
         help="most workers a job may have (default 1000; the schema allows at most 10000)",
     )
     run.add_argument(
-        "--script-workers", type=int, default=None, help="scaler scripts run at once (default 8)"
-    )
-    run.add_argument(
         "--leader-election",
         action="store_true",
         help="run as one of several replicas: only the holder of the Lease acts",
@@ -74,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ETOPERATOR_WATCH_NODES"] = "0" if args.no_node_watch else "1"
     if args.preemption_taint is not None:
         os.environ["ETOPERATOR_PREEMPTION_TAINTS"] = ",".join(args.preemption_taint)
-    for flag, var in ((args.max_workers, "MAX_WORKERS"), (args.script_workers, "SCRIPT_WORKERS")):
-        if flag is not None:
-            os.environ[f"ETOPERATOR_{var}"] = str(flag)
+    if args.max_workers is not None:
+        os.environ["ETOPERATOR_MAX_WORKERS"] = str(args.max_workers)
     if args.resync is not None:
         os.environ["ETOPERATOR_RESYNC"] = str(args.resync)
     if args.leader_election:

@@ -57,7 +57,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
         ssh_checks=cfg.ssh_checks,
         max_workers=cfg.max_workers,
-        script_pool=concurrent.futures.ThreadPoolExecutor(cfg.script_workers, "etoperator-script"),
         probe_pool=concurrent.futures.ThreadPoolExecutor(cfg.workers, "etoperator-ssh"),
     )
     rt = Runtime(

@@ -36,7 +36,6 @@ class Settings:
     watch_nodes: bool
     preemption_taints: tuple[str, ...]
     max_workers: int
-    script_workers: int
     leader_election: bool
     resync: float
     lease_namespace: str
@@ -61,7 +60,6 @@ class Settings:
             max_workers=min(
                 MAX_WORKERS, int(env.get("ETOPERATOR_MAX_WORKERS", DEFAULT_MAX_WORKERS))
             ),
-            script_workers=max(1, int(env.get("ETOPERATOR_SCRIPT_WORKERS", "8"))),
             leader_election=_bool("ETOPERATOR_LEADER_ELECTION", False),
             resync=float(env.get("ETOPERATOR_RESYNC", "60")),
             lease_namespace=env.get("ETOPERATOR_LEASE_NAMESPACE")
@@ -75,7 +73,7 @@ class Settings:
             f"ssh_checks={self.ssh_checks} ssh_port={self.ssh_port} "
             f"metrics_port={self.metrics_port or 'off'} watch_nodes={self.watch_nodes} "
             f"preemption_taints={','.join(self.preemption_taints) or 'none'} "
-            f"max_workers={self.max_workers} script_workers={self.script_workers} "
+            f"max_workers={self.max_workers} "
             f"leader_election={self.leader_election} identity={self.identity}"
         )
 

@@ -13,6 +13,11 @@ from etoperator.planning.jobstatus import ScalerStatus
 from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
 from etoperator.planning.views import ScalerView
 
+SCRIPT_EXECUTED = "ScriptExecuted"
+# Beyond its timeout, how long a script's exec may take to end (the `timeout` it runs under
+# kills it at its timeout; the exec stream is given this much more).
+SCRIPT_GRACE = 5
+
 
 class Scaling(Base):
     def timed_out(self, sc: ScalerView) -> bool:
@@ -117,12 +122,21 @@ class Scaling(Base):
         return m
 
     def script_done(self, sc: ScalerView, pods: list[str]) -> bool:
-        """The scaler's script (if any) has run on the launcher; else ask for it to run."""
+        """The scaler's script (if any) has run on the launcher; else ask for it to run. One
+        marked as started (by an operator that may since have restarted) may still run: it is
+        asked for again only once its timeout, which ends it in the launcher, has passed."""
         assert sc.spec is not None
-        if not sc.spec.script or st.condition(sc.status.get("conditions") or [], "ScriptExecuted"):
+        ran = st.condition(sc.status.get("conditions") or [], SCRIPT_EXECUTED)
+        if not sc.spec.script or (ran and ran.get("status") in ("True", "False")):
             return True
         if self.launcher is None or self.launcher.phase != "Running":
             return True  # nowhere to run it; the scale itself goes on
+        started = parse_iso(str((ran or {}).get("lastTransitionTime") or "")) if ran else None
+        if started is not None and self.inp.now < started + timedelta(
+            seconds=sc.spec.timeout + SCRIPT_GRACE
+        ):
+            self.again("the scaler's script runs")
+            return False
         argv = script_argv(sc.spec, pods, self.job().slots_per_worker)
         self.plan.run_scripts.append((sc.key, argv, sc.spec.timeout))
         self.again("the scaler's script runs")

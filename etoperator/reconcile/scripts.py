@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 from etoperator import naming
 from etoperator import status as st
 from etoperator.cache import Observed
 from etoperator.kube import Conflict
 from etoperator.planning import Plan
+from etoperator.planning.scaling import SCRIPT_EXECUTED, SCRIPT_GRACE
 from etoperator.reconcile.state import State, job_key
 
 log = logging.getLogger(__name__)
@@ -17,61 +19,77 @@ log = logging.getLogger(__name__)
 class Scripts(State):
     def run_scripts(self, obs: Observed, plan: Plan) -> None:
         """Scaler scripts, on the launcher, off the reconcile path: the job keeps being looked
-        after while one runs, and its scaler waits for the ScriptExecuted condition."""
+        after while one runs, and its scaler waits for the ScriptExecuted condition. Each runs
+        in a thread of its own (a job has one scaler at a time, so there are at most as many as
+        jobs): a script that hangs for its whole timeout holds up no other job's."""
         meta = obs.job["metadata"]
         for key, argv, timeout in plan.run_scripts:
             run = f"{job_key(meta['namespace'], meta['name'], meta['uid'])}/{key[0]}/{key[1]}"
             with self._lock:
                 if run in self._scripts or run in self._scripts_done:
                     continue  # still running from an earlier pass, or ran already
-                self._scripts[run] = self.script_pool.submit(
-                    self.run_script, meta["namespace"], meta["name"], key, argv, timeout, run
+                thread = threading.Thread(
+                    target=self.run_script,
+                    args=(meta["namespace"], meta["name"], key, argv, timeout, run),
+                    name=f"etoperator-script-{key[1]}",
+                    daemon=True,
                 )
+                self._scripts[run] = thread
+            thread.start()
 
     def run_script(
         self, ns: str, job: str, key: tuple[str, str], argv: list[str], timeout: int, run: str
     ) -> None:
-        """The outcome becomes the scaler's ScriptExecuted condition; writing it wakes the job."""
+        """Marked as started on the scaler first (an operator that restarts meanwhile does not
+        start a second copy while this one may run), then run; the outcome becomes the
+        scaler's ScriptExecuted condition, and writing it wakes the job."""
+        launcher = naming.launcher_name(job)
         try:
-            code, output = self.kube.exec_in_pod(ns, naming.launcher_name(job), argv, timeout + 5)
+            if not self.mark_script(key, ns, "Unknown", "ScriptRunning", f"started on {launcher}"):
+                return  # the scaler is gone
+            code, output = self.kube.exec_in_pod(ns, launcher, argv, timeout + SCRIPT_GRACE)
             log.info("Scaler script ran namespace=%s scaler=%s exit_code=%s", ns, key[1], code)
             log.debug(
                 "Scaler script output namespace=%s scaler=%s output=%r", ns, key[1], output[-2000:]
             )
-            self.report_script(key, ns, code, naming.launcher_name(job))
-            with self._lock:
-                self._scripts_done.add(run)
-        except Exception:  # a refused write: the next pass asks again
+            ok = code == 0
+            reason = "ScriptSucceeded" if ok else "ScriptFailed"
+            message = f"script exited {code} on {launcher}"
+            if self.mark_script(key, ns, "True" if ok else "False", reason, message):
+                with self._lock:
+                    self._scripts_done.add(run)
+        except Exception:  # a refused write: the next pass asks again (once its timeout passed)
             log.exception("Scaler script not reported namespace=%s scaler=%s", ns, key[1])
         finally:
             with self._lock:
                 self._scripts.pop(run, None)
 
-    def report_script(self, key: tuple[str, str], ns: str, code: int | None, launcher: str) -> None:
+    def mark_script(
+        self, key: tuple[str, str], ns: str, status: str, reason: str, message: str
+    ) -> bool:
         """The ScriptExecuted condition, written on the version read (a pass writing the scaler
         in between makes it read again) and remembered as our write, so that a pass whose cache
-        has not seen it yet waits instead of asking for the script again."""
-        ok = code == 0
-        msg = f"script exited {code} on {launcher}"
-        reason = "ScriptSucceeded" if ok else "ScriptFailed"
+        has not seen it yet waits instead of acting on the old one. An outcome (True/False) is
+        also an Event. False: the scaler is gone."""
         for _ in range(5):
             scaler = self.kube.get(key[0], ns, key[1])
             if scaler is None:
-                return  # deleted meanwhile: nobody to tell
-            meta = scaler["metadata"]
+                return False
             conds, _ = st.set_condition(
                 (scaler.get("status") or {}).get("conditions") or [],
-                "ScriptExecuted", "True" if ok else "False", reason, msg, self.now(),
+                SCRIPT_EXECUTED, status, reason, message, self.now(),
             )  # fmt: skip
-            change = {
-                "status": {"conditions": conds},
-                "metadata": {"resourceVersion": meta["resourceVersion"]},
-            }
+            version = {"resourceVersion": scaler["metadata"]["resourceVersion"]}
             try:
-                self.kube.patch(key[0], ns, key[1], change, sub="status")
+                self.kube.patch(
+                    key[0], ns, key[1], {"status": {"conditions": conds}, "metadata": version},
+                    sub="status",
+                )  # fmt: skip
             except Conflict:
                 continue
             self.wrote(scaler)
-            self.kube.event(scaler, "Normal" if ok else "Warning", reason, msg, self.clock())
-            return
+            if status != "Unknown":
+                etype = "Normal" if status == "True" else "Warning"
+                self.kube.event(scaler, etype, reason, message, self.clock())
+            return True
         raise RuntimeError(f"{key[0]} {ns}/{key[1]} kept changing while its script was reported")

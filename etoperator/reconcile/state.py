@@ -95,10 +95,7 @@ class State:
     probe_pool: concurrent.futures.ThreadPoolExecutor = field(  # SSH readiness and drain checks
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
     )
-    script_pool: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, "etoperator-script")
-    )
-    _scripts: dict[str, concurrent.futures.Future[None]] = field(default_factory=dict)
+    _scripts: dict[str, threading.Thread] = field(default_factory=dict)  # scripts running
     # Scripts that ran and were reported: never run again for the same scaler, even by a pass
     # that read the scaler before the report landed.
     _scripts_done: set[str] = field(default_factory=set)

@@ -360,6 +360,46 @@ def test_a_scaler_script_runs_once_per_scale(cluster: Cluster, ns: str, tmp_path
         assert len(events) == 1 and events[0].get("count", 1) == 1, events
 
 
+def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    """Nine jobs whose scaler scripts hang (more than the eight a shared pool once held): a
+    tenth job's scripted scale still runs its script and succeeds."""
+    gate = tmp_path / "gate"
+    hang = tmp_path / "hang.sh"
+    hang.write_text(f"while [ ! -e {gate} ]; do sleep 0.2; done\n")
+    quick = tmp_path / "quick.sh"
+    quick.write_text(f"echo done > {tmp_path / 'quick.out'}\n")
+    names = [f"hang{i}" for i in range(9)]
+    try:
+        for name in [*names, "free"]:
+            cluster.create(job(name, replicas=1, maxReplicas=2), ns)
+        for name in [*names, "free"]:
+            running(cluster, ns, name, 1)
+        for name in names:
+            manifest = scaleout(f"{name}-grow", name, 1, timeout=300)
+            manifest["spec"]["script"] = str(hang)
+            cluster.create(manifest, ns)
+        wait_for(
+            lambda: all(
+                (cluster.condition(ns, f"{n}-grow", "ScriptExecuted", SO) or {}).get("status")
+                == "Unknown"
+                for n in names
+            ),
+            30,
+            "the nine scripts running",
+        )
+        manifest = scaleout("free-grow", "free", 1)
+        manifest["spec"]["script"] = str(quick)
+        cluster.create(manifest, ns)
+        settled(cluster, ns, SO, "free-grow", "ScaleSucceeded", timeout=30)
+        cond = cluster.condition(ns, "free-grow", "ScriptExecuted", SO)
+        assert cond and cond["status"] == "True", cond
+        assert all(cluster.phase(ns, f"{n}-grow", SO) == "Scaling" for n in names)
+    finally:
+        gate.touch()
+
+
 def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
     cluster.create(job("hookfail", replicas=2), ns)
     running(cluster, ns, "hookfail")

@@ -498,3 +498,40 @@ def test_a_scale_in_that_waits_says_for_what() -> None:
     cond = next(c for c in plan.scaler_status[si.key]["conditions"] if c["type"] == "Scaling")
     assert cond["reason"] == "Draining" and "j-worker-1" in cond["message"]
     assert "60s timeout" in cond["message"]
+
+
+def _script_scale_out(
+    started: str | None,
+) -> tuple[JobSpec, dict[str, Any], ScalerView, list[PodView]]:
+    """A ScaleOut whose new worker is in, its script marked as started at `started`."""
+    spec = jspec(maxReplicas=3)
+    manifest = scaleout("grow", "j", 1, timeout=20)
+    manifest["spec"]["script"] = "/hooks/notify.sh"
+    so = scaler(manifest)
+    first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
+    status = dict(first.scaler_status[so.key])
+    if started is not None:
+        status["conditions"] = [*status["conditions"], {
+            "type": "ScriptExecuted", "status": "Unknown", "reason": "ScriptRunning",
+            "message": "started on j-launcher", "lastTransitionTime": started}]  # fmt: skip
+    so = dataclasses.replace(so, status=status)
+    pods = [w(0), w(1), w(2), launcher()]
+    joined = plan_job(inp(spec, first.status, pods, [so]))
+    return spec, joined.status, so, pods
+
+
+def test_a_script_that_may_still_run_is_not_started_again() -> None:
+    """After an operator restart the script marked as started may still run in the launcher:
+    it is not started again until its timeout (which ends it) has passed; then it is."""
+    spec, status, so, pods = _script_scale_out("2026-01-01T12:00:00Z")
+    hosts = status["currentWorkers"]
+    early = plan_job(
+        inp(spec, status, pods, [so], now=NOW + timedelta(seconds=10), published=hosts)
+    )
+    assert early.run_scripts == []
+    assert early.scaler_status.get(so.key, so.status)["phase"] == "Scaling"
+    late = plan_job(inp(spec, status, pods, [so], now=NOW + timedelta(seconds=40), published=hosts))
+    assert [key for key, _, _ in late.run_scripts] == [so.key]
+    spec, status, so, pods = _script_scale_out(None)
+    fresh = plan_job(inp(spec, status, pods, [so], published=status["currentWorkers"]))
+    assert [key for key, _, _ in fresh.run_scripts] == [so.key]
