@@ -400,6 +400,29 @@ def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
         gate.touch()
 
 
+def test_an_operator_restart_never_leaves_two_copies_of_a_script(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    """The operator restarts while a script runs (its outcome is lost with the exec stream):
+    the new operator starts it again only once the first copy's timeout has passed, so two
+    copies never run at once, and the scale still ends with a reported run."""
+    log = tmp_path / "runs"
+    hook = tmp_path / "slow.sh"
+    hook.write_text(f"echo start >> {log}; sleep 3; echo end >> {log}\n")
+    cluster.create(job("twice", replicas=1, maxReplicas=2), ns)
+    running(cluster, ns, "twice", 1)
+    manifest = scaleout("grow", "twice", 1, timeout=8)
+    manifest["spec"]["script"] = str(hook)
+    cluster.create(manifest, ns)
+    wait_for(lambda: log.exists() and "start" in log.read_text(), 30, "the script started")
+    cluster.operator.restart()
+    settled(cluster, ns, SO, "grow", "ScaleSucceeded", timeout=60)
+    runs = log.read_text().split()
+    assert runs in (["start", "end"], ["start", "end", "start", "end"]), runs
+    cond = cluster.condition(ns, "grow", "ScriptExecuted", SO)
+    assert cond and cond["status"] == "True", cond
+
+
 def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
     cluster.create(job("hookfail", replicas=2), ns)
     running(cluster, ns, "hookfail")
