@@ -245,9 +245,12 @@ class Kube:
         try:
             self._call("POST", _path("Event", meta["namespace"]), body=event)
         except (ApiError, Conflict, AlreadyExists) as exc:
-            log.warning(
-                "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"), exc
-            )
+            # A namespace on its way out takes no new objects: nothing to warn anyone about.
+            level = logging.DEBUG if "being terminated" in str(exc) else logging.WARNING
+            log.log(
+                level, "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"),
+                exc,
+            )  # fmt: skip
 
 
 def event_manifest(

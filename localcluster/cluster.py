@@ -20,8 +20,8 @@ from pathlib import Path
 from localcluster import procs
 from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.kubelet import Kubelet
-from localcluster.network import Network, claim_slot, free_slots
-from localcluster.node import RealNode, reclaim
+from localcluster.network import SLOTS, Network, claim_slot, free_slots
+from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
 from localcluster.nodes import Nodes, wait_ready
 
 OPERATOR_NS = "etoperator-system"
@@ -102,6 +102,15 @@ class DeployedOperator:
 
 
 OPERATOR_LABEL = "app.kubernetes.io/name=etoperator"
+
+
+def last_cluster_stopped() -> None:
+    """What local clusters share on this machine goes back once none runs: the sysctls the
+    kubelets set, the directory that anchors their mount namespaces. (A cluster killed before
+    it could stop leaves them to the next one to stop.)"""
+    if len(list(free_slots())) == SLOTS:
+        restore_sysctls()
+        release_namespaces_dir()
 
 
 @dataclass
@@ -258,3 +267,5 @@ class LocalCluster:
             self.real.net.delete()
         if self._slot_lock is not None:
             os.close(self._slot_lock)
+            self._slot_lock = None
+            last_cluster_stopped()

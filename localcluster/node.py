@@ -25,7 +25,7 @@ import yaml
 
 from localcluster import procs
 from localcluster.controlplane import ControlPlane
-from localcluster.network import NETNS_DIR, Network
+from localcluster.network import LOCKS, NETNS_DIR, Network
 
 GLOBAL_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
 CGROUP = Path("/sys/fs/cgroup")
@@ -33,17 +33,39 @@ PAUSE_IMAGE = "localhost/etoperator/pause:local"
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACES = Path("/run/etoperator-nodes")  # bind mounts that keep mount namespaces alive
 KUBELET_ROOTS = Path("/var/lib/etoperator-nodes")
+SAVED_SYSCTLS = LOCKS / "sysctls.json"  # this machine's values while any local node runs
 
 
-def save_sysctls() -> dict[str, str]:
+def _read_sysctls() -> dict[str, str]:
     return {k: (Path("/proc/sys") / k).read_text().strip() for k in GLOBAL_SYSCTLS}
 
 
-def restore_sysctls(saved: dict[str, str]) -> None:
-    for k, v in saved.items():
+def save_sysctls() -> None:
+    """This machine's values, kept once for all local clusters (their kubelets all set the same
+    values): by the first cluster to start, before its kubelet changes them."""
+    if not SAVED_SYSCTLS.exists():
+        SAVED_SYSCTLS.parent.mkdir(parents=True, exist_ok=True)
+        tmp = SAVED_SYSCTLS.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_read_sysctls()))
+        tmp.replace(SAVED_SYSCTLS)
+
+
+def restore_sysctls() -> None:
+    """Put back the values kept by save_sysctls (call when the last cluster has stopped)."""
+    if not SAVED_SYSCTLS.exists():
+        return
+    for k, v in json.loads(SAVED_SYSCTLS.read_text()).items():
         path = Path("/proc/sys") / k
         if path.read_text().strip() != v:
             path.write_text(v)
+    SAVED_SYSCTLS.unlink()
+
+
+def release_namespaces_dir() -> None:
+    """Once no node's mount namespace is anchored there, the private bind mount goes too."""
+    if NAMESPACES.exists() and not any(NAMESPACES.glob("*.mnt")):
+        subprocess.run(["umount", str(NAMESPACES)], check=False, capture_output=True)
+        shutil.rmtree(NAMESPACES, ignore_errors=True)
 
 
 def _private_dir(path: Path) -> None:

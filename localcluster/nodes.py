@@ -14,7 +14,7 @@ from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.dns import RBAC as DNS_RBAC
 from localcluster.dns import ClusterDNS
 from localcluster.network import Network
-from localcluster.node import NodeBins, RealNode, restore_sysctls, save_sysctls
+from localcluster.node import NodeBins, RealNode, save_sysctls
 
 BUILD_NODE = ROOT / "hack" / "build-node.sh"
 CACHE = Path(
@@ -58,7 +58,6 @@ class Nodes:
     net: Network | None = None
     dns: ClusterDNS | None = None
     nodes: list[RealNode] = field(default_factory=list)
-    _sysctls: dict[str, str] = field(default_factory=dict)
 
     def network(self, slot: int) -> Network:
         """Made first: the apiserver listens on its gateway."""
@@ -74,7 +73,7 @@ class Nodes:
         images = image_archives(node_bin)
         self.dns = ClusterDNS(cp, node_bin / "coredns", self.net.gateway, self.dir / "dns")
         self.dns.start()
-        self._sysctls = save_sysctls()
+        save_sysctls()
         for n in range(1, self.count + 1):
             node = RealNode(
                 f"node-{n}", n, self.net, cp, bins, self.dir / f"node-{n}",
@@ -90,8 +89,6 @@ class Nodes:
     def stop(self) -> None:
         for node in reversed(self.nodes):
             node.stop()
-        if self._sysctls:
-            restore_sysctls(self._sysctls)
         if self.dns is not None:
             self.dns.stop()
 

@@ -53,8 +53,7 @@ class Scaling(Base):
                 f"waiting for {', '.join(self.not_ready_why(n) for n in missing)} to accept the "
                 f"job's SSH key (up to the {sc.spec.timeout}s timeout)"
             )
-            self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "WaitingForWorkers", what)
-            self.again(f"new workers not ready yet: {', '.join(missing)}")
+            self.wait_on(sc, "WaitingForWorkers", what, f"new workers not ready: {missing}")
             return m
         m = m.hosting(*new)
         # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
@@ -63,6 +62,11 @@ class Scaling(Base):
         elif self.script_done(sc, new):
             self.finish_scale(sc, f"added {', '.join(new)} to the host list")
         return m
+
+    def wait_on(self, sc: ScalerView, reason: str, what: str, why: str) -> None:
+        """A running scale that waits says for what on its Scaling condition (and comes back)."""
+        self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, reason, what)
+        self.again(why)
 
     def not_ready_why(self, name: str) -> str:
         """A worker that is not ready, and what holds it if its pod says (unschedulable, an
@@ -102,8 +106,7 @@ class Scaling(Base):
                 f"waiting for Horovod to stop on {', '.join(draining)} (up to the "
                 f"{sc.spec.timeout}s timeout, then they are deleted anyway)"
             )
-            self.scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Draining", what)
-            self.again(f"victims still draining: {', '.join(draining)}")
+            self.wait_on(sc, "Draining", what, f"victims still draining: {draining}")
             return m
         for v in alive:
             self.delete(v)

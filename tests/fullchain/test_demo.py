@@ -31,8 +31,28 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def host_state() -> dict[str, object]:
+    """What a local cluster changes on this machine while it runs: the kubelet's sysctls, mounts,
+    links (bridge, veths), network namespaces and cgroups."""
+    sysctls = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
+    netns = Path("/run/netns")
+    return {
+        "sysctls": [(Path("/proc/sys") / k).read_text().strip() for k in sysctls],
+        "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
+        "links": sorted(
+            line.split(":")[1].strip()
+            for line in subprocess.run(
+                ["ip", "-o", "link"], capture_output=True, text=True
+            ).stdout.splitlines()
+        ),
+        "netns": sorted(p.name for p in netns.iterdir()) if netns.exists() else [],
+        "cgroups": sorted(p.name for p in Path("/sys/fs/cgroup/pids").iterdir() if p.is_dir()),
+    }
+
+
 def test_demo_tour_end_to_end(tmp_path: Path) -> None:
     state, results = tmp_path / "demo", tmp_path / "timings.json"
+    before = host_state()
     port = procs.free_port()
     out = subprocess.run(
         [
@@ -57,9 +77,10 @@ def test_demo_tour_end_to_end(tmp_path: Path) -> None:
         "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
         "kubectl_scale_3", "worker_killed",
     }  # fmt: skip
-    # Nothing left behind: no process, no state directory.
+    # Nothing left behind: no process, no state directory, this machine as it was.
     assert processes_mentioning(str(state)) == []
     assert not state.exists()
+    assert host_state() == before
 
 
 def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
