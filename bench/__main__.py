@@ -1,9 +1,10 @@
 """Benchmarks: `make bench` (or `python -m bench [--only p1 p5 p7 p8 p4 p6 a1 ...]`).
 
 Prints a table of figures against their goals. Not pass/fail: a figure that misses its goal is
-printed as such. Uses the local cluster (the real control plane, the simulated kubelet with real
-sshd workers, the operator as a real process under its deploy/ RBAC); P4 and P6 use the full
-chain (real horovodrun training).
+printed as such. Uses the local cluster: P1-P3, P5, P7 and P8 the real control plane with the
+simulated kubelet (real sshd workers) and the operator as a real process under its deploy/
+RBAC; P4, P6 and A1 real nodes (containerd, the shipped images, the operator deployed from
+deploy/, real horovodrun training).
 """
 
 from __future__ import annotations
