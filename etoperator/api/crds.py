@@ -130,7 +130,6 @@ def _common_status(extra: dict[str, Schema]) -> Schema:
             "replicaStatuses": _REPLICA_STATUSES,
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
-            "lastReconcileTime": {"type": "string", "format": "date-time"},
             "observedGeneration": {"type": "integer"},
             **extra,
         },
