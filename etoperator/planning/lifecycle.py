@@ -191,5 +191,5 @@ class Lifecycle(Base):
         self.s.observed_generation = self.inp.generation
         self.plan.pending = list(self.pending)
         if self.pending or self.plan.create_workers or self.plan.delete_pods:
-            self.plan.requeue = 1.0
+            self.plan.requeue = min(self.plan.requeue, 1.0)
         return self.plan

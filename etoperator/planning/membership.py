@@ -11,6 +11,8 @@ from etoperator.planning.rules import by_index, replaces, workers
 from etoperator.planning.views import PodView, ScalerView
 from etoperator.status import Event
 
+SSH_RETRY = 0.2  # seconds between probes of a worker whose container runs but sshd does not yet
+
 
 class Membership(Base):
     def running(self) -> None:
@@ -41,8 +43,12 @@ class Membership(Base):
             self.start_scalers()
             self.replicas()
             self.s.phase = st.SCALING if self.s.current_scaler else st.RUNNING
-        if any(not (self.workers.get(n) and self.workers[n].ready) for n in self.s.target_workers):
+        waiting = [self.workers.get(n) for n in self.s.target_workers]
+        if any(not (w and w.ready) for w in waiting):
             self.again("members not ready yet")
+        if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
+            # Its container runs and its sshd is starting: look again as soon as it may listen.
+            self.plan.requeue = SSH_RETRY
 
     def current(self) -> tuple[Members, ScalerView | None]:
         """The membership the status holds, and the scaler running (a deleted one undone)."""

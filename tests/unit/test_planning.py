@@ -535,3 +535,15 @@ def test_a_script_that_may_still_run_is_not_started_again() -> None:
     spec, status, so, pods = _script_scale_out(None)
     fresh = plan_job(inp(spec, status, pods, [so], published=status["currentWorkers"]))
     assert [key for key, _, _ in fresh.run_scripts] == [so.key]
+
+
+def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:
+    """Running but not yet accepting the key (sshd starts after its container): the next pass
+    comes within a fifth of a second, not a second, so a job or a ScaleOut waits no longer than
+    sshd does. A Pending worker has nothing to probe: the usual second."""
+    spec = jspec()
+    first = plan_job(inp(spec, {}, []))
+    starting = plan_job(inp(spec, first.status, [w(0), w(1, ready=False)]))
+    assert starting.requeue <= 0.2
+    pending = plan_job(inp(spec, first.status, [w(0), w(1, "Pending", False)]))
+    assert pending.requeue == 1.0
