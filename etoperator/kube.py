@@ -163,6 +163,21 @@ class Kube:
                 return None
             raise
 
+    def namespace_terminating(self, namespace: str) -> bool:
+        """The namespace is being deleted (or is gone). False when this operator may not read
+        namespaces (an install confined to chosen namespaces): it cannot tell, so it acts."""
+        try:
+            ns = self._call("GET", f"/api/v1/namespaces/{namespace}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 403:
+                return False
+            raise
+        return bool(ns["metadata"].get("deletionTimestamp")) or (
+            (ns.get("status") or {}).get("phase") == "Terminating"
+        )
+
     def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", selector)] if selector else []
         items = self._call("GET", _path(kind, namespace), query=query).get("items") or []

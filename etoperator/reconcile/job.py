@@ -31,6 +31,7 @@ from etoperator.reconcile.scripts import Scripts
 from etoperator.reconcile.state import (
     BLOCKED_CLEARING,
     CONFLICT,
+    GOING,
     REFUSED,
     STALE,
     Next,
@@ -89,6 +90,8 @@ class JobReconciler(Observing, Children, Scripts):
             refusal_over=key not in self._refused,
         )
         plan = plan_job(inp)
+        if self.going_away(namespace, plan):
+            return GOING
         try:
             self.act(obs, inp, plan)
         except Conflict as exc:
@@ -104,6 +107,14 @@ class JobReconciler(Observing, Children, Scripts):
         if blocked.get("status") == "True" and not basics and not self._act_problems.get(key):
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
         return plan_next(plan)
+
+    def going_away(self, namespace: str, plan: Plan) -> bool:
+        """Bad news (a lost worker or launcher, a failure) while the namespace is being deleted
+        is only the namespace's deletion taking the pods first: say nothing, do nothing. Asked
+        only when a pass has a warning to tell, so it costs no request in steady state."""
+        if not any(ev.type == "Warning" for ev in plan.events):
+            return False
+        return self.kube.namespace_terminating(namespace)
 
     def report_refused(self, obs: Observed, exc: ApiError) -> None:
         """A write the apiserver refused (RBAC, admission, quota, validation): said on the job

@@ -40,6 +40,7 @@ STALE = Next(0.05, "the cache is behind our own write: its watch event is on its
 REFUSED = Next(10.0, "the apiserver refused a write: try again after a while")
 CONFLICT = Next(0.2, "a write met a newer version: look again")
 BLOCKED_CLEARING = Next(0.5, "nothing blocks the job any more: say so")
+GOING = Next(60.0, "its namespace is being deleted: nothing more to do or to say")
 
 
 def job_key(namespace: str, name: str, uid: str) -> str:

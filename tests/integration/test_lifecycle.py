@@ -222,3 +222,24 @@ def test_job_deletion_collects_children(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: cluster.api.get("TrainingJob", ns, "gc") is None, 10, "job gone")
     # The garbage collector (kube-controller-manager) removes every child, asynchronously.
     wait_for(lambda: owned() == [], 30, "children collected")
+
+
+def test_a_namespace_going_away_takes_its_jobs_without_a_word(cluster: Cluster) -> None:
+    """Deleting a namespace removes its pods before (or while) its jobs: the jobs are not failed
+    as LauncherLost, their scalers not ended as JobFinished, on their way out."""
+    ns = cluster.new_namespace()
+    names = [f"ns{i}" for i in range(3)]
+    for name in names:
+        cluster.create(job(name), ns)
+    for name in names:
+        running(cluster, ns, name)
+    seen: set[str] = set()
+
+    def gone() -> bool:
+        left = [cluster.api.get("TrainingJob", ns, n) for n in names]
+        seen.update(str((j.get("status") or {}).get("phase")) for j in left if j)
+        return not any(left)
+
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    wait_for(gone, 60, "the jobs gone with their namespace", interval=0.02)
+    assert seen <= {"Running"}, seen
