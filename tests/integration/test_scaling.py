@@ -531,13 +531,20 @@ def test_kubectl_scale_waits_out_a_scaler_squatting_on_its_name(cluster: Cluster
     wait_for(lambda: (cluster.condition(ns, "sq", "Blocked") or {}).get("status") == "False", 10)
 
 
-def test_scale_out_onto_a_pod_name_someone_else_holds(cluster: Cluster, ns: str) -> None:
+@pytest.mark.parametrize("labelled", [False, True])
+def test_scale_out_onto_a_pod_name_someone_else_holds(
+    cluster: Cluster, ns: str, labelled: bool
+) -> None:
+    """Also when the squatter wears the job's labels (a copied worker manifest): it is seen by
+    the operator's pod watch, yet it is not the job's, and Blocked ends with the ScaleOut."""
     cluster.create(job("fp", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "fp")
+    labels = {"group-name": "kai.alibabacloud.com", "training-job-name": "fp",
+              "training-job-role": "worker", "replica-index": "2"} if labelled else {}  # fmt: skip
     squatter = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "fp-worker-2", "namespace": ns},
+        "metadata": {"name": "fp-worker-2", "namespace": ns, "labels": labels},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]},
     }
     cluster.api.create(squatter)
