@@ -66,7 +66,7 @@ async def wait_port(ip: str, port: int, timeout: float = 10.0) -> bool:
 
 def sshd_config(ip: str, port: int, hostkey: Path, authorized: Path) -> str:
     """The simulated workers' sshd. Its key file lives in a scratch directory whose parents
-    StrictModes would refuse; the process kubelet runs the image's own sshd and config."""
+    StrictModes would refuse (real nodes run the training image's own sshd and config)."""
     return "\n".join(
         [
             f"ListenAddress {ip}:{port}",
@@ -349,7 +349,7 @@ class Kubelet(TestControls):
         self._seq += 1
         return f"{self.ip_prefix}.{n // 250}.{n % 250 + 2}"
 
-    # -- what a pod runs: overridden by the process kubelet -------------------------------
+    # -- what a pod runs ----------------------------------------------------------------------
 
     async def run_pod(self, node: str, key: Key, pod: dict[str, Any], ip: str) -> bool:
         """Start the pod; True once it runs. Here: workers get a real sshd, others nothing."""
