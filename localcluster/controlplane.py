@@ -63,12 +63,10 @@ AUDIT_POLICY = {
 
 
 def binaries() -> Path:
-    """The directory with etcd, kube-apiserver, kube-controller-manager and kubectl."""
+    """The directory with etcd and the Kubernetes binaries (control plane, kubectl, kubelet,
+    kube-proxy, kubemark)."""
     env = os.environ.get("ETOPERATOR_CONTROLPLANE_BIN")
-    if env:
-        return Path(env)
-    out = subprocess.run([str(BUILD)], check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
+    return Path(env) if env else procs.built(BUILD)
 
 
 def kubeconfig(server: str, ca: Path, user: dict[str, str], path: Path) -> Path:

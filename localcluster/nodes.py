@@ -4,7 +4,6 @@ that order and stopped in the reverse one, with this machine's settings put back
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,19 +34,14 @@ subjects:
 """
 
 
-def _last_line(argv: list[str]) -> Path:
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def node_binaries() -> Path:
     env = os.environ.get("ETOPERATOR_NODE_BIN")
-    return Path(env) if env else _last_line([str(BUILD_NODE)])
+    return Path(env) if env else procs.built(BUILD_NODE)
 
 
 def image_archives(node_bin: Path) -> list[Path]:
     """The docker-archives of the pause, training and operator images (built if missing)."""
-    out = _last_line([str(BUILD_IMAGES), str(node_bin)])
+    out = procs.built(BUILD_IMAGES, str(node_bin))
     return [Path(line) for line in (out / "current").read_text().split()]
 
 

@@ -55,6 +55,13 @@ def stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
         proc.wait()
 
 
+def built(script: Path, *args: str) -> Path:
+    """Run one of hack/'s build scripts (each builds once and caches) and return the path it
+    prints on its last line."""
+    out = subprocess.run([str(script), *args], check=True, capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
