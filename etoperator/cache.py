@@ -43,7 +43,9 @@ def slim(kind: str, body: Mapping[str, Any]) -> Body:
         out["status"] = {k: copy.deepcopy(status[k]) for k in wanted if k in status}
     elif kind in ("ConfigMap", "Secret"):
         out["data"] = dict(body.get("data") or {})
-    elif kind not in ("Service", "ServiceAccount", "Role", "RoleBinding"):
+    elif kind == "Role":
+        out["rules"] = copy.deepcopy(body.get("rules") or [])
+    elif kind not in ("Service", "ServiceAccount", "RoleBinding"):
         out["spec"] = copy.deepcopy(dict(body.get("spec") or {}))
         out["status"] = copy.deepcopy(dict(body.get("status") or {}))
     return out
@@ -66,6 +68,7 @@ class Observed:
     scalers: list[Body]
     secret: Body | None = None  # the job's own SSH Secret
     present: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) of other children
+    role: Body | None = None  # the launcher's Role
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Indexes:
             scalers=[s for index in self.scalers for s in index.get(key, ())],
             secret=_named(by_kind.get("Secret", []), secret_name),
             present={(c["kind"], c["metadata"]["name"]) for c in children},
+            role=_named(by_kind.get("Role", []), naming.launcher_sa_name(name)),
         )
 
 

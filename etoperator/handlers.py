@@ -203,12 +203,15 @@ async def owned_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """A worker Service or the launcher's account, Role or binding went: put it back now."""
+    """A worker Service or the launcher's account, Role or binding went: put it back now. A
+    Role changed: its rules are checked now."""
     job = labels.get(naming.LABEL_JOB)
     if job and type == "DELETED":
         rt = runtime(memo)
         rt.reconciler.child_changed(namespace or "", job, resource.kind or "", deleted=True)
         rt.kick((namespace or "", job))
+    elif job and type == "MODIFIED" and resource.kind == "Role":
+        runtime(memo).kick((namespace or "", job))
 
 
 @kopf.on.event(naming.GROUP, naming.VERSION, naming.SCALEOUT_PLURAL)

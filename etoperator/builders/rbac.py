@@ -1,4 +1,5 @@
-"""The launcher's service account and the one permission it needs: reading its ConfigMap."""
+"""The launcher's service account and the one permission it needs: reading and watching its
+ConfigMap (a list or watch with a metadata.name field selector is authorized by name)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def launcher_role(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
                 "apiGroups": [""],
                 "resources": ["configmaps"],  # plural: the singular grants nothing
                 "resourceNames": [naming.config_map_name(job)],
-                "verbs": ["get"],
+                "verbs": ["get", "list", "watch"],
             }
         ],
     }

@@ -4,6 +4,8 @@ Services and scalers created as planned; objects of others in the way reported, 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from etoperator import metrics, naming
@@ -31,16 +33,26 @@ class Children(State):
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         problems = self.check_user_secret(spec) if spec.ssh_secret else []
+        tasks: list[Callable[[], list[str]]] = []
         if not spec.ssh_secret and obs.secret is None:
-            problems += self.repair_secret(obs, owner)
+            tasks.append(partial(self.repair_secret, obs, owner))
         elif obs.secret is not None:
             self._public[job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(obs.secret)
         if obs.configmap is None:
-            problems += self.repair_config_map(obs, owner)
+            tasks.append(partial(self.repair_config_map, obs, owner))
         for obj in rbac.launcher_rbac(spec, owner):
             if (obj["kind"], obj["metadata"]["name"]) not in obs.present:
-                problems += self.make(obs, obj)
-        return problems
+                tasks.append(partial(self.make, obs, obj))
+            elif obj["kind"] == "Role" and obs.role and obs.role.get("rules") != obj["rules"]:
+                self.update_role(obs.role, obj)
+        return problems + [p for found in self.in_parallel(tasks) for p in found]
+
+    def update_role(self, role: dict[str, Any], wanted: dict[str, Any]) -> None:
+        """A Role made by an older operator: grant what the current launcher script needs."""
+        meta = role["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "rules": wanted["rules"]}
+        self.kube.patch("Role", meta["namespace"], meta["name"], body)
+        log.info("Updated Role namespace=%s name=%s", meta["namespace"], meta["name"])
 
     def check_user_secret(self, spec: JobSpec) -> list[str]:
         """The Secret the annotation names: not the job's own, so not watched; read again at
@@ -151,19 +163,20 @@ class Children(State):
         )
         problems: list[str] = []
         existing_services = {s["metadata"]["name"]: s for s in obs.services}
-        for svc_name in plan.services:
-            if svc_name not in existing_services:
-                windex = naming.worker_index(name, svc_name)
-                if windex is not None:
-                    problems += self.make(obs, pods.worker_service(spec, owner, windex))
         for svc_name, svc in existing_services.items():
             if svc_name not in plan.services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
-        squatted = []
-        for index in plan.create_workers:
-            found = self.make(obs, pods.worker_pod(spec, owner, index, secret, keys))
-            squatted += [naming.worker_name(name, index)] if found else []
-            problems += found
+        services = [
+            pods.worker_service(spec, owner, windex)
+            for svc_name in plan.services
+            if svc_name not in existing_services
+            and (windex := naming.worker_index(name, svc_name)) is not None
+        ]
+        workers = [pods.worker_pod(spec, owner, i, secret, keys) for i in plan.create_workers]
+        found = self.in_parallel([partial(self.make, obs, obj) for obj in services + workers])
+        problems += [p for each in found for p in each]
+        in_the_way = found[len(services) :]
+        squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
         if plan.create_launcher:
             launcher = pods.launcher_pod(
                 spec, owner, secret, keys, int(plan.status.get("restartCount", 0))

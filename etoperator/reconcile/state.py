@@ -6,10 +6,10 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 
@@ -23,6 +23,7 @@ from etoperator.kube import ApiError, Kube
 from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 USER_SECRET_RECHECK = 900.0  # seconds
@@ -96,6 +97,12 @@ class State:
     probe_pool: concurrent.futures.ThreadPoolExecutor = field(  # SSH readiness and drain checks
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
     )
+    # A job's independent creates (its Services and worker pods, its Secret, ConfigMap and RBAC)
+    # go at once, at most this many in flight over all passes: a first pass waits for the
+    # slowest create, not for the sum of ~20.
+    create_pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-create")
+    )
     _scripts: dict[str, threading.Thread] = field(default_factory=dict)  # scripts running
     # Scripts that ran and were reported: never run again for the same scaler, even by a pass
     # that read the scaler before the report landed.
@@ -107,6 +114,15 @@ class State:
 
     def now(self) -> str:
         return iso(self.clock())
+
+    def in_parallel(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
+        """Each task's result, in order, the tasks run at once in `create_pool`; a failure is
+        raised once every task has ended (the others' writes are made and kept)."""
+        if len(tasks) < 2:
+            return [task() for task in tasks]
+        futures = [self.create_pool.submit(task) for task in tasks]
+        concurrent.futures.wait(futures)
+        return [f.result() for f in futures]
 
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems)."""

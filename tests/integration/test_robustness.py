@@ -15,6 +15,7 @@ import pytest
 
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scaleout
+from tests.support.relay import Relay
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
@@ -179,80 +180,104 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
 
-def test_discovery_script_sees_changes_within_two_seconds(
-    cluster: Cluster, ns: str, tmp_path: Path
-) -> None:
-    """The real discover_hosts.sh from the ConfigMap, run as the launcher would run it."""
-    cluster.create(job("disc", replicas=3), ns)
-    running(cluster, ns, "disc", 3)
-    cm = cluster.obj("ConfigMap", ns, "disc-config")
-    # Laid out as the launcher's ConfigMap volume lays it out (same modes), and run by a
-    # non-root user, as a launcher image may well do.
-    pod = cluster.obj("Pod", ns, "disc-launcher")
+def launcher_files(cluster: Cluster, ns: str, name: str) -> tuple[Path, dict[str, str]]:
+    """The job's discover_hosts.sh laid out as the launcher's ConfigMap volume lays it out
+    (same modes), with a real token of the launcher's account bound to its pod (the per-job
+    Role decides), and the environment a pod has."""
+    cm = cluster.obj("ConfigMap", ns, f"{name}-config")
+    pod = cluster.obj("Pod", ns, f"{name}-launcher")
     volume = next(v for v in pod["spec"]["volumes"] if "configMap" in v)
     etc = Path(tempfile.mkdtemp(prefix="etoperator-edl-"))
     etc.chmod(0o755)
     for item in volume["configMap"]["items"]:
         (etc / item["path"]).write_text(cm["data"][item["key"]])
         (etc / item["path"]).chmod(item["mode"])
-    script = etc / "discover_hosts.sh"
     sa = etc / "sa"
     sa.mkdir(mode=0o755)
-    # A real token of the launcher's account, bound to its pod: the per-job Role decides.
     token = cluster.kubectl(
         "create", "token", pod["spec"]["serviceAccountName"], "-n", ns,
-        "--bound-object-kind=Pod", "--bound-object-name=disc-launcher",
+        "--bound-object-kind=Pod", f"--bound-object-name={name}-launcher",
     ).stdout.strip()  # fmt: skip
     (sa / "token").write_text(token)
     (sa / "ca.crt").write_bytes(cluster.cp.ca.read_bytes())
     for f in sa.iterdir():
         f.chmod(0o644)
-    cache = etc / "tmp"
-    cache.mkdir()
-    cache.chmod(0o1777)
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(cluster.cp.port),
-        "ETOPERATOR_SA_DIR": str(sa),
-        "TMPDIR": str(cache),
-    }
+    tmp = etc / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    env = {"PATH": "/usr/bin:/bin", "ETOPERATOR_SA_DIR": str(sa), "TMPDIR": str(tmp)}
+    return etc, env
+
+
+def test_discovery_follows_changes_from_one_watch(
+    cluster: Cluster, ns: str, tmp_path: Path
+) -> None:
+    """The real discover_hosts.sh, run as the launcher runs it (by a non-root user, as a
+    launcher image may well do): changes within two seconds, one watch for any number of
+    calls, the last list through an apiserver outage and the current one after it, a dead
+    watcher replaced by the next call."""
+    cluster.create(job("disc", replicas=3, maxReplicas=4), ns)
+    running(cluster, ns, "disc", 3)
+    etc, env = launcher_files(cluster, ns, "disc")
+    relay = Relay(cluster.cp.port).restore()
+    env |= {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(relay.port)}
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    state = etc / "tmp" / f"etoperator-hosts-{ns}-disc"
 
     def discover() -> list[str]:
         out = subprocess.run(
-            [*nobody, str(script)], capture_output=True, text=True, env=env, timeout=10
-        )
+            [*nobody, str(etc / "discover_hosts.sh")],
+            capture_output=True, text=True, env=env, timeout=10,
+        )  # fmt: skip
         assert out.returncode == 0, out.stderr
-        assert "live read failed" not in out.stderr or env["KUBERNETES_SERVICE_PORT"] == "1"
         return [line.split(":")[0] for line in out.stdout.splitlines()]
 
-    assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
-    t0 = time.monotonic()
-    cluster.kubelet.finish(ns, "disc-worker-1", 1)
-    wait_for(
-        lambda: discover() == ["disc-worker-0", "disc-worker-2"],
-        2.0,
-        "the discovery script to drop disc-worker-1",
-        interval=0.05,
-    )
-    print(f"host-list change reached discover_hosts.sh in {time.monotonic() - t0:.2f}s")
-    # Its reads are served from the apiserver's watch cache (resourceVersion=0), not etcd.
-    reads = wait_for(
-        lambda: [
-            ev["requestURI"]
+    def requests() -> list[str]:
+        """The verbs of the launcher account's requests (one per request: a watch is
+        audited when it starts and again when it ends)."""
+        me = f"system:serviceaccount:{ns}:disc-launcher"
+        ids = {
+            ev["auditID"]: ev["verb"]
             for ev in cluster.cp.audit()
-            if (ev.get("user") or {}).get("username") == f"system:serviceaccount:{ns}:disc-launcher"
-            and ev.get("verb") == "get"
-        ],
-        5,
-        "the launcher's reads in the audit log",
-    )
-    assert all(uri.endswith("?resourceVersion=0") for uri in reads), reads
-    # API server unreachable: the last list it read, never an empty or stale-mounted one.
-    env["KUBERNETES_SERVICE_PORT"] = "1"
-    assert discover() == ["disc-worker-0", "disc-worker-2"]
-    shutil.rmtree(etc)
+            if (ev.get("user") or {}).get("username") == me
+        }
+        return sorted(ids.values())
+
+    try:
+        assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
+        watcher = int((state / "pid").read_text())
+        t0 = time.monotonic()
+        cluster.kubelet.finish(ns, "disc-worker-1", 1)
+        wait_for(
+            lambda: discover() == ["disc-worker-0", "disc-worker-2"],
+            2.0,
+            "the discovery script to drop disc-worker-1",
+            interval=0.05,
+        )
+        print(f"host-list change reached discover_hosts.sh in {time.monotonic() - t0:.2f}s")
+        for _ in range(20):
+            discover()
+        assert int((state / "pid").read_text()) == watcher
+        # One list and one watch for all those calls (the list from the watch cache).
+        wait_for(lambda: requests() == ["list", "watch"], 5, "one list and one watch")
+
+        # An outage: the last list meanwhile, never an empty one; the current one after it.
+        relay.cut()
+        cluster.create(scaleout("more", "disc", 1), ns)
+        wait_for(lambda: len(cluster.hosts(ns, "disc")) == 3, 20, "the scale-out listed")
+        assert discover() == ["disc-worker-0", "disc-worker-2"]
+        relay.restore()
+        current = cluster.hosts(ns, "disc")
+        wait_for(lambda: discover() == current, 5, "the list after the outage", interval=0.1)
+
+        # A dead watcher (as after an OOM kill): the next call starts another, current list.
+        subprocess.run(["kill", "-9", str(watcher)], check=True)
+        wait_for(lambda: not Path(f"/proc/{watcher}").exists(), 5, "the watcher gone")
+        assert discover() == current
+        assert int((state / "pid").read_text()) != watcher
+    finally:
+        relay.cut()
+        shutil.rmtree(etc)
 
 
 def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: str) -> None:

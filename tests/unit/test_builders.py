@@ -134,7 +134,7 @@ def test_rbac_names_plural_resource() -> None:
             "apiGroups": [""],
             "resources": ["configmaps"],
             "resourceNames": ["j-config"],
-            "verbs": ["get"],
+            "verbs": ["get", "list", "watch"],
         }
     ]
     binding = rbac.launcher_binding("j", "ns", OWNER, "custom-sa")
