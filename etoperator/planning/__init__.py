@@ -17,8 +17,7 @@ The job's status carries the few facts that cannot be observed again:
 
 from __future__ import annotations
 
-from etoperator.planning.lifecycle import Lifecycle
-from etoperator.planning.membership import Membership
+from etoperator.planning.lifecycle import plan_job
 from etoperator.planning.orphans import plan_orphan_scaler
 from etoperator.planning.rules import (
     check_scale_in,
@@ -28,7 +27,6 @@ from etoperator.planning.rules import (
     script_argv,
     victims_by_count,
 )
-from etoperator.planning.scaling import Scaling
 from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
 
 __all__ = [
@@ -36,15 +34,3 @@ __all__ = [
     "plan_job", "plan_orphan_scaler", "replaces", "scaler_order", "script_argv",
     "victims_by_count",
 ]  # fmt: skip
-
-
-class _Planner(Lifecycle, Membership, Scaling):
-    """One pass's planner: lifecycle.py runs it, membership.py and scaling.py do the rest."""
-
-
-def plan_job(inp: JobInput) -> Plan:
-    """Everything the reconciler should do for one job and its scalers, from one observation."""
-    planner = _Planner(inp)
-    plan = planner.run()
-    plan.status = planner.s.to_dict()
-    return plan

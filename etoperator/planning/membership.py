@@ -1,242 +1,256 @@
 """Membership of a live run: lost and preempted workers, replacements, the host list, and the
-launcher that trains on it. `running` is the pass; each step takes the membership the previous
+launcher that trains on it. `advance_run` is the pass; each step takes the membership the previous
 one left (a frozen `Members`) and hands on its own."""
 
 from __future__ import annotations
 
 from etoperator import naming
 from etoperator import status as st
-from etoperator.planning.base import Base, Members
+from etoperator.planning.draft import Draft, Members
+from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
 from etoperator.planning.rules import by_index, replaces, workers
+from etoperator.planning.scaling import (
+    drive_scale_in,
+    drive_scale_out,
+    follow_replicas,
+    start_scalers,
+)
 from etoperator.planning.views import PodView, ScalerView
 from etoperator.status import Event
 
 SSH_RETRY = 0.2  # seconds between probes of a worker whose container runs but sshd does not yet
 
 
-class Membership(Base):
-    def running(self) -> None:
-        start = int(self.s.run_start_index if self.s.run_start_index is not None else 0)
-        m, active = self.current()
-        launcher = self.drop_old_run(start)
-        launched = st.is_true(self.s.conditions or [], "LauncherCreated")
-        newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
-        victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
-        lost = self.drop_lost(m, newcomers, victims, launched)
-        if lost is None:
-            return  # the job failed
-        m, broken = lost
-        self.prune(m, start, victims)
-        if active is not None and active.kind == naming.SCALEOUT_KIND:
-            m = self.drive_scale_out(active, m, broken)
-        elif active is not None:
-            m = self.drive_scale_in(active, m)
-        m = m.sorted(self.job().name)
-        self.s.target_workers = list(m.members)
-        self.say_pending(m)
-        after = self.launch(m, launcher, launched, newcomers)
-        if after is None:
-            return  # the job ended
-        self.s.current_workers = by_index(self.job().name, list(after.hosts))
-        self.plan.hosts = self.s.current_workers
-        if self.s.phase in (st.RUNNING, st.SCALING):
-            self.start_scalers()
-            self.replicas()
-            self.s.phase = st.SCALING if self.s.current_scaler else st.RUNNING
-        waiting = [self.workers.get(n) for n in self.s.target_workers]
-        if any(not (w and w.ready) for w in waiting):
-            self.again("members not ready yet")
-        if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
-            # Its container runs and its sshd is starting: look again as soon as it may listen.
-            self.plan.requeue = SSH_RETRY
+def advance_run(d: Draft) -> None:
+    start = int(d.status.run_start_index if d.status.run_start_index is not None else 0)
+    m, active = read_members(d)
+    launcher = drop_old_run(d, start)
+    launched = st.is_true(d.status.conditions or [], "LauncherCreated")
+    newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
+    victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
+    lost = drop_lost(d, m, newcomers, victims, launched)
+    if lost is None:
+        return  # the job failed
+    m, broken = lost
+    prune(d, m, start, victims)
+    if active is not None and active.kind == naming.SCALEOUT_KIND:
+        m = drive_scale_out(d, active, m, broken)
+    elif active is not None:
+        m = drive_scale_in(d, active, m)
+    m = m.sorted(d.spec.name)
+    d.status.target_workers = list(m.members)
+    say_pending(d, m)
+    after = launch(d, m, launcher, launched, newcomers)
+    if after is None:
+        return  # the job ended
+    d.status.current_workers = by_index(d.spec.name, list(after.hosts))
+    d.plan.hosts = d.status.current_workers
+    if d.status.phase in (st.RUNNING, st.SCALING):
+        start_scalers(d)
+        follow_replicas(d)
+        d.status.phase = st.SCALING if d.status.current_scaler else st.RUNNING
+    waiting = [d.workers.get(n) for n in d.status.target_workers]
+    if any(not (w and w.ready) for w in waiting):
+        d.come_back("members not ready yet")
+    if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
+        # Its container runs and its sshd is starting: look again as soon as it may listen.
+        d.plan.requeue = SSH_RETRY
 
-    def current(self) -> tuple[Members, ScalerView | None]:
-        """The membership the status holds, and the scaler running (a deleted one undone)."""
-        members = tuple(self.s.target_workers or [])
-        m = Members(members, tuple(h for h in self.s.current_workers or [] if h in members))
-        active = self.active_scaler()
-        if active is None and self.s.current_scaler:
-            ref = naming.parse_scaler_ref(str(self.s.current_scaler))
-            if ref is not None and (ref[0], ref[2]) not in self.scalers:
-                m = self.cancel_scale(ref[0], ref[2], m)
-            self.s.current_scaler = ""
-        return m, active
 
-    def drop_old_run(self, start: int) -> PodView | None:
-        """Pods of earlier runs go; the launcher of this run, if there is one."""
-        for pod in self.workers.values():
-            if pod.index is not None and pod.index < start:
-                self.delete(pod.name)
-        launcher = self.launcher
-        if launcher is not None and launcher.run != (self.s.restart_count or 0):
-            self.delete(launcher.name)
-            self.again("the launcher of an earlier run goes")
-            return None
-        return launcher
+def read_members(d: Draft) -> tuple[Members, ScalerView | None]:
+    """The membership the status holds, and the scaler running (a deleted one undone)."""
+    members = tuple(d.status.target_workers or [])
+    m = Members(members, tuple(h for h in d.status.current_workers or [] if h in members))
+    active = d.active_scaler()
+    if active is None and d.status.current_scaler:
+        ref = naming.parse_scaler_ref(str(d.status.current_scaler))
+        if ref is not None and (ref[0], ref[2]) not in d.scalers:
+            m = cancel_scale(d, ref[0], ref[2], m)
+        d.status.current_scaler = ""
+    return m, active
 
-    def drop_lost(
-        self, m: Members, newcomers: set[str], victims: set[str], launched: bool
-    ) -> tuple[Members, list[str]] | None:
-        """Lost workers leave the host list at once and are replaced per restartPolicy; the
-        new workers of a ScaleOut that were lost (it fails). None: the job failed."""
-        broken: list[str] = []
-        for name in list(m.members):
-            member = self.workers.get(name)
-            if not (member.gone_bad if member else name in m.hosts):
-                continue
-            m = m.without(name)
-            if member is not None and not member.draining:
-                self.delete(name)
-            if name in newcomers:
-                broken.append(name)
-            elif name not in victims:
-                replaced = self.replace_lost(name, member, launched)
-                if replaced is None:
-                    self.s.target_workers, self.s.current_workers = (
-                        list(m.members),
-                        list(m.hosts),
-                    )
-                    self.fail_job(
-                        "WorkerFailed",
-                        f"worker {name} {self.describe_loss(member)} before training started",
-                    )
-                    return None
-                m = m.adding(*replaced)
-        return m, broken
 
-    def replace_lost(self, name: str, member: PodView | None, launched: bool) -> list[str] | None:
-        """Said on the job; the replacement's name ([] when none is due; None: fail the job)."""
-        job, why = self.job(), self.describe_loss(member)
-        message = f"worker {name} {why}; removed from the host list"
-        self.plan.events.append(Event("Warning", "WorkerLost", message))
-        if member is not None and member.leaving:
-            notice = f"worker {name} {why}; left the host list before being stopped"
-            self.cond("WorkerPreempted", "True", "PreemptionNotice", notice)
-        if replaces(job.worker.restart_policy, member):
-            index = self.last_index() + 1
-            self.s.last_worker_index = index
-            new = naming.worker_name(job.name, index)
-            self.plan.events.append(
-                Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}")
-            )
-            return [new]
-        return [] if launched else None
+def drop_old_run(d: Draft, start: int) -> PodView | None:
+    """Pods of earlier runs go; the launcher of this run, if there is one."""
+    for pod in d.workers.values():
+        if pod.index is not None and pod.index < start:
+            d.delete(pod.name)
+    launcher = d.launcher
+    if launcher is not None and launcher.run != (d.status.restart_count or 0):
+        d.delete(launcher.name)
+        d.come_back("the launcher of an earlier run goes")
+        return None
+    return launcher
 
-    def prune(self, m: Members, start: int, victims: set[str]) -> None:
-        """Pods of this run that are not members go, unless Horovod may still run on them: a
-        ScaleIn victim (its scaler decides), or a preempted worker until Horovod left it
-        (deleting it sooner would kill training mid-step; its node takes it anyway). Members
-        without a pod are created (a name is free once its old pod is gone)."""
-        for pod in self.workers.values():
-            if pod.index is None or pod.index < start or pod.name in m.members:
-                continue
-            if pod.name in victims and not pod.gone_bad:
-                continue
-            if pod.draining and pod.busy is not False:
-                self.again("a preempted worker still drains")
-                continue
-            self.delete(pod.name)
-        for name in m.members:
-            wanted = naming.worker_index(self.job().name, name)
-            if name not in self.workers and wanted is not None:
-                self.plan.create_workers.append(wanted)
 
-    def launch(
-        self, m: Members, launcher: PodView | None, launched: bool, newcomers: set[str]
-    ) -> Members | None:
-        """The launcher: created once every member is ready, seen, then followed to its end
-        (None: the job ended). Ready members join the host list once it runs, except those a
-        running ScaleOut admits together."""
-        ready = [n for n in m.members if self.workers.get(n) and self.workers[n].ready]
-        if launcher is not None and not launched:
-            message = f"launcher {launcher.name} created"
-            self.cond("LauncherCreated", "True", "LauncherCreated", message)
-            launched = True
-        if not launched:
-            if self.launcher is None and m.members and len(ready) == len(m.members):
-                m = Members(m.members, m.members)
-                self.plan.create_launcher = True
-                self.workers_ready(len(m.members), event=True)
-            self.again("waiting to start the launcher")
-            return m
-        m = m.hosting(*(n for n in ready if n not in newcomers))
-        self.workers_ready(len(m.hosts), event=False)
-        return self.follow_launcher(m, launcher)
-
-    def say_pending(self, m: Members) -> None:
-        """WorkersPending: members whose pods say they cannot run (unschedulable, an image that
-        cannot be had), in their own words; a Warning event when that changes."""
-        stuck = [
-            f"{n}: {self.workers[n].waiting}"
-            for n in m.members
-            if n in self.workers and self.workers[n].waiting and not self.workers[n].ready
-        ]
-        if stuck:
-            self.cond("WorkersPending", "True", "WorkersPending", "; ".join(stuck), warn=True)
-        elif st.is_true(self.s.conditions or [], "WorkersPending"):
-            self.cond("WorkersPending", "False", "WorkersRunning", "every worker can run")
-
-    def workers_ready(self, count: int, event: bool) -> None:
-        """WorkersReady with the number of workers in the host list now (kept current after
-        scales without a new event)."""
-        verb = "accepts" if count == 1 else "accept"
-        message = f"{workers(count)} {verb} the job's SSH key"
-        self.cond("WorkersReady", "True", "WorkersReady", message, event=event)
-
-    def follow_launcher(self, m: Members, launcher: PodView | None) -> Members | None:
-        job = self.job()
-        name = naming.launcher_name(job.name)
-        if launcher is None or launcher.deleting:
-            if job.launcher.restart_policy not in ("Always", "OnFailure"):
-                self.s.target_workers, self.s.current_workers = list(m.members), list(m.hosts)
-                why = "disappeared and its restartPolicy does not recreate it"
-                self.fail_job("LauncherLost", f"launcher {name} {why}")
+def drop_lost(
+    d: Draft, m: Members, newcomers: set[str], victims: set[str], launched: bool
+) -> tuple[Members, list[str]] | None:
+    """Lost workers leave the host list at once and are replaced per restartPolicy; the
+    new workers of a ScaleOut that were lost (it fails). None: the job failed."""
+    broken: list[str] = []
+    for name in list(m.members):
+        member = d.workers.get(name)
+        if not (member.gone_bad if member else name in m.hosts):
+            continue
+        m = m.without(name)
+        if member is not None and not member.draining:
+            d.delete(name)
+        if name in newcomers:
+            broken.append(name)
+        elif name not in victims:
+            replaced = replace_lost(d, name, member, launched)
+            if replaced is None:
+                d.status.target_workers, d.status.current_workers = (
+                    list(m.members),
+                    list(m.hosts),
+                )
+                fail_job(
+                    d,
+                    "WorkerFailed",
+                    f"worker {name} {describe_loss(member)} before training started",
+                )
                 return None
-            self.plan.create_launcher = launcher is None
-            message = f"launcher {name} was lost; recreating it"
-            self.plan.events.append(Event("Warning", "LauncherRecreated", message))
-            self.again("the launcher is being recreated")
-        elif launcher.phase in ("Succeeded", "Failed"):
-            self.s.current_workers = by_index(job.name, list(m.hosts))
-            if launcher.phase == "Succeeded":
-                self.succeed_job()
-            else:
-                self.launcher_failed(launcher)
+            m = m.adding(*replaced)
+    return m, broken
+
+
+def replace_lost(d: Draft, name: str, member: PodView | None, launched: bool) -> list[str] | None:
+    """Said on the job; the replacement's name ([] when none is due; None: fail the job)."""
+    job, why = d.spec, describe_loss(member)
+    message = f"worker {name} {why}; removed from the host list"
+    d.plan.events.append(Event("Warning", "WorkerLost", message))
+    if member is not None and member.leaving:
+        notice = f"worker {name} {why}; left the host list before being stopped"
+        d.set_cond("WorkerPreempted", "True", "PreemptionNotice", notice)
+    if replaces(job.worker.restart_policy, member):
+        index = d.last_index() + 1
+        d.status.last_worker_index = index
+        new = naming.worker_name(job.name, index)
+        d.plan.events.append(Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}"))
+        return [new]
+    return [] if launched else None
+
+
+def prune(d: Draft, m: Members, start: int, victims: set[str]) -> None:
+    """Pods of this run that are not members go, unless Horovod may still run on them: a
+    ScaleIn victim (its scaler decides), or a preempted worker until Horovod left it
+    (deleting it sooner would kill training mid-step; its node takes it anyway). Members
+    without a pod are created (a name is free once its old pod is gone)."""
+    for pod in d.workers.values():
+        if pod.index is None or pod.index < start or pod.name in m.members:
+            continue
+        if pod.name in victims and not pod.gone_bad:
+            continue
+        if pod.draining and pod.busy is not False:
+            d.come_back("a preempted worker still drains")
+            continue
+        d.delete(pod.name)
+    for name in m.members:
+        wanted = naming.worker_index(d.spec.name, name)
+        if name not in d.workers and wanted is not None:
+            d.plan.create_workers.append(wanted)
+
+
+def launch(
+    d: Draft, m: Members, launcher: PodView | None, launched: bool, newcomers: set[str]
+) -> Members | None:
+    """The launcher: created once every member is ready, seen, then followed to its end
+    (None: the job ended). Ready members join the host list once it runs, except those a
+    running ScaleOut admits together."""
+    ready = [n for n in m.members if d.workers.get(n) and d.workers[n].ready]
+    if launcher is not None and not launched:
+        message = f"launcher {launcher.name} created"
+        d.set_cond("LauncherCreated", "True", "LauncherCreated", message)
+        launched = True
+    if not launched:
+        if d.launcher is None and m.members and len(ready) == len(m.members):
+            m = Members(m.members, m.members)
+            d.plan.create_launcher = True
+            say_workers_ready(d, len(m.members), event=True)
+        d.come_back("waiting to start the launcher")
+        return m
+    m = m.hosting(*(n for n in ready if n not in newcomers))
+    say_workers_ready(d, len(m.hosts), event=False)
+    return follow_launcher(d, m, launcher)
+
+
+def say_pending(d: Draft, m: Members) -> None:
+    """WorkersPending: members whose pods say they cannot run (unschedulable, an image that
+    cannot be had), in their own words; a Warning event when that changes."""
+    stuck = [
+        f"{n}: {d.workers[n].waiting}"
+        for n in m.members
+        if n in d.workers and d.workers[n].waiting and not d.workers[n].ready
+    ]
+    if stuck:
+        d.set_cond("WorkersPending", "True", "WorkersPending", "; ".join(stuck), warn=True)
+    elif st.is_true(d.status.conditions or [], "WorkersPending"):
+        d.set_cond("WorkersPending", "False", "WorkersRunning", "every worker can run")
+
+
+def say_workers_ready(d: Draft, count: int, event: bool) -> None:
+    """WorkersReady with the number of workers in the host list now (kept current after
+    scales without a new event)."""
+    verb = "accepts" if count == 1 else "accept"
+    message = f"{workers(count)} {verb} the job's SSH key"
+    d.set_cond("WorkersReady", "True", "WorkersReady", message, event=event)
+
+
+def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members | None:
+    job = d.spec
+    name = naming.launcher_name(job.name)
+    if launcher is None or launcher.deleting:
+        if job.launcher.restart_policy not in ("Always", "OnFailure"):
+            d.status.target_workers, d.status.current_workers = list(m.members), list(m.hosts)
+            why = "disappeared and its restartPolicy does not recreate it"
+            fail_job(d, "LauncherLost", f"launcher {name} {why}")
             return None
-        elif launcher.phase == "Running":
-            if self.s.phase == st.CREATED:
-                self.cond(st.RUNNING, "True", "Running", "the launcher is running")
-            self.s.phase = st.RUNNING
+        d.plan.create_launcher = launcher is None
+        message = f"launcher {name} was lost; recreating it"
+        d.plan.events.append(Event("Warning", "LauncherRecreated", message))
+        d.come_back("the launcher is being recreated")
+    elif launcher.phase in ("Succeeded", "Failed"):
+        d.status.current_workers = by_index(job.name, list(m.hosts))
+        if launcher.phase == "Succeeded":
+            succeed_job(d)
         else:
-            self.again("the launcher is not running yet")
-        return m
+            restart_or_fail(d, launcher)
+        return None
+    elif launcher.phase == "Running":
+        if d.status.phase == st.CREATED:
+            d.set_cond(st.RUNNING, "True", "Running", "the launcher is running")
+        d.status.phase = st.RUNNING
+    else:
+        d.come_back("the launcher is not running yet")
+    return m
 
-    def cancel_scale(self, kind: str, name: str, m: Members) -> Members:
-        """The running scaler was deleted: undo what it had not finished."""
-        pods = list(self.s.scaler_pods or [])
-        if kind == naming.SCALEOUT_KIND:
-            m = m.without(*pods)
-            what = f"its new workers are removed: {', '.join(pods)}"
-        else:
-            back = [
-                p
-                for p in pods
-                if p in self.workers and not self.workers[p].gone_bad and p not in m.members
-            ]
-            m = m.adding(*back)
-            what = f"its workers stay: {', '.join(back) or 'none left'}"
-        message = f"{kind} {name} was deleted while it ran; {what}"
-        self.cond(st.SCALING, "False", "ScaleCancelled", message)
-        self.plan.events.append(Event("Warning", "ScaleCancelled", message))
-        return m
 
-    def describe_loss(self, pod: PodView | None) -> str:
-        if pod is None:
-            return "disappeared"
-        if pod.leaving:
-            return f"is about to be taken away ({pod.leaving})"
-        if pod.deleting:
-            return "is being deleted"
-        detail = f", exit code {pod.exit_code}" if pod.exit_code is not None else ""
-        reason = f" ({pod.reason}{detail})" if pod.reason or detail else ""
-        return f"ended {pod.phase}{reason}"
+def cancel_scale(d: Draft, kind: str, name: str, m: Members) -> Members:
+    """The running scaler was deleted: undo what it had not finished."""
+    pods = list(d.status.scaler_pods or [])
+    if kind == naming.SCALEOUT_KIND:
+        m = m.without(*pods)
+        what = f"its new workers are removed: {', '.join(pods)}"
+    else:
+        back = [
+            p for p in pods if p in d.workers and not d.workers[p].gone_bad and p not in m.members
+        ]
+        m = m.adding(*back)
+        what = f"its workers stay: {', '.join(back) or 'none left'}"
+    message = f"{kind} {name} was deleted while it ran; {what}"
+    d.set_cond(st.SCALING, "False", "ScaleCancelled", message)
+    d.plan.events.append(Event("Warning", "ScaleCancelled", message))
+    return m
+
+
+def describe_loss(pod: PodView | None) -> str:
+    if pod is None:
+        return "disappeared"
+    if pod.leaving:
+        return f"is about to be taken away ({pod.leaving})"
+    if pod.deleting:
+        return "is being deleted"
+    detail = f", exit code {pod.exit_code}" if pod.exit_code is not None else ""
+    reason = f" ({pod.reason}{detail})" if pod.reason or detail else ""
+    return f"ended {pod.phase}{reason}"

@@ -1,4 +1,6 @@
-"""The planner's state for one pass and the helpers every part uses."""
+"""A pass's Draft: what it observed, the status it is writing and the plan it is building,
+with the few operations on them every step uses (conditions, deletions, a fresh run). Steps
+are functions in lifecycle.py, membership.py, scaling.py and ends.py that take the Draft."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from etoperator.api.models import JobSpec
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.jobstatus import JobStatus, ScalerStatus
 from etoperator.planning.rules import by_index
-from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
+from etoperator.planning.views import JobInput, Plan, ScalerView
 from etoperator.status import Event
 
 
@@ -42,18 +44,20 @@ class Members:
         )
 
 
-class Base:
+class Draft:
+    """One pass's working state; `plan_job` makes one per pass and drops it after."""
+
     def __init__(self, inp: JobInput) -> None:
         self.inp = inp
         self.now = iso(inp.now)
-        self.s = JobStatus.from_dict(inp.status)
-        self.plan = Plan(status={})  # filled from self.s when the pass is planned
+        self.status = JobStatus.from_dict(inp.status)
+        self.plan = Plan(status={})  # filled from self.status when the pass is planned
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
         self.scalers = {s.key: s for s in inp.scalers}
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
 
-    def cond(
+    def set_cond(
         self,
         ctype: str,
         status: str,
@@ -65,13 +69,13 @@ class Base:
         """Set a job condition; a change to True is told as an Event too (unless `event` is
         off: a message kept current, such as a count, is not news)."""
         conds, changed = st.set_condition(
-            self.s.conditions or [], ctype, status, reason, message, self.now
+            self.status.conditions or [], ctype, status, reason, message, self.now
         )
-        self.s.conditions = conds
+        self.status.conditions = conds
         if changed and status == "True" and event:
             self.plan.events.append(Event("Warning" if warn else "Normal", reason, message))
 
-    def scaler_cond(
+    def set_scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
     ) -> None:
         new = ScalerStatus.from_dict(self.plan.scaler_status.get(sc.key, sc.status))
@@ -98,7 +102,7 @@ class Base:
                 )
 
     def fail_scaler(self, sc: ScalerView, reason: str, message: str) -> None:
-        self.scaler_cond(sc, st.SCALE_FAILED, st.SCALE_FAILED, reason, message, warn=True)
+        self.set_scaler_cond(sc, st.SCALE_FAILED, st.SCALE_FAILED, reason, message, warn=True)
 
     def delete(self, name: str) -> None:
         pod = self.workers.get(name) or (
@@ -107,50 +111,50 @@ class Base:
         if pod is not None and not pod.deleting and name not in self.plan.delete_pods:
             self.plan.delete_pods.append(name)
 
-    def job(self) -> JobSpec:
+    @property
+    def spec(self) -> JobSpec:
         assert self.inp.spec is not None
         return self.inp.spec
 
-    def fresh_run(self) -> None:
+    def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
-        job = self.job()
+        job = self.spec
         start = self.last_index() + 1
-        self.s.run_start_index = start
-        self.s.target_workers = [
+        self.status.run_start_index = start
+        self.status.target_workers = [
             naming.worker_name(job.name, i) for i in range(start, start + job.worker.replicas)
         ]
-        self.s.last_worker_index = start + job.worker.replicas - 1
-        self.s.current_workers = []
-        self.accept(job.worker.replicas)
-        self.s.phase = st.CREATED
+        self.status.last_worker_index = start + job.worker.replicas - 1
+        self.status.current_workers = []
+        self.accept_replicas(job.worker.replicas)
+        self.status.phase = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
-            if st.condition(self.s.conditions or [], ctype):
-                self.cond(ctype, "False", "NewRun", "a new run is starting")
+            if st.condition(self.status.conditions or [], ctype):
+                self.set_cond(ctype, "False", "NewRun", "a new run is starting")
 
-    def follow(self, members: int) -> None:
-        worker = self.job().worker
+    def follow_members(self, members: int) -> None:
+        worker = self.spec.worker
         wanted = max(members, worker.min_replicas)
         if worker.max_replicas is not None:
             wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
         if wanted == worker.replicas:
-            self.accept(wanted)
+            self.accept_replicas(wanted)
             return
-        self.s.accepted_replicas = wanted
-        self.s.replicas_before = worker.replicas
+        self.status.accepted_replicas = wanted
+        self.status.replicas_before = worker.replicas
         self.plan.spec_replicas = wanted
 
-    def accept(self, replicas: int) -> None:
-        self.s.accepted_replicas = replicas
-        self.s.replicas_before = None
+    def accept_replicas(self, replicas: int) -> None:
+        self.status.accepted_replicas = replicas
+        self.status.replicas_before = None
 
     def last_index(self) -> int:
         seen = [p.index for p in self.workers.values() if p.index is not None]
-        return max(
-            [(self.s.last_worker_index if self.s.last_worker_index is not None else -1), *seen]
-        )
+        last = self.status.last_worker_index
+        return max([last if last is not None else -1, *seen])
 
     def active_scaler(self) -> ScalerView | None:
-        ref = naming.parse_scaler_ref(str(self.s.current_scaler or ""))
+        ref = naming.parse_scaler_ref(str(self.status.current_scaler or ""))
         if ref is None:
             return None
         sc = self.scalers.get((ref[0], ref[2]))
@@ -158,36 +162,7 @@ class Base:
             return None
         return sc
 
-    def again(self, why: str) -> None:
+    def come_back(self, why: str) -> None:
         """Something is in flight: come back soon (a watch event may not tell of it)."""
         if why not in self.pending:
             self.pending.append(why)
-
-    # -- steps other parts provide (planning/__init__.py puts the parts together) ----------
-
-    def running(self) -> None:
-        raise NotImplementedError
-
-    def finished(self) -> None:
-        raise NotImplementedError
-
-    def fail_job(self, reason: str, message: str) -> None:
-        raise NotImplementedError
-
-    def succeed_job(self) -> None:
-        raise NotImplementedError
-
-    def launcher_failed(self, launcher: PodView) -> None:
-        raise NotImplementedError
-
-    def drive_scale_out(self, sc: ScalerView, m: Members, broken: list[str]) -> Members:
-        raise NotImplementedError
-
-    def drive_scale_in(self, sc: ScalerView, m: Members) -> Members:
-        raise NotImplementedError
-
-    def start_scalers(self) -> None:
-        raise NotImplementedError
-
-    def replicas(self) -> None:
-        raise NotImplementedError
