@@ -40,11 +40,13 @@ class Children(State):
             self._public[job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(obs.secret)
         if obs.configmap is None:
             tasks.append(partial(self.repair_config_map, obs, owner))
-        for obj in rbac.launcher_rbac(spec, owner):
-            if (obj["kind"], obj["metadata"]["name"]) not in obs.present:
-                tasks.append(partial(self.make, obs, obj))
-            elif obj["kind"] == "Role" and obs.role and obs.role.get("rules") != obj["rules"]:
-                self.update_role(obs.role, obj)
+        rbac_objs = rbac.launcher_rbac(spec, owner)
+        missing = [o for o in rbac_objs if (o["kind"], o["metadata"]["name"]) not in obs.present]
+        if missing:  # in order: a RoleBinding is refused before the Role it binds exists
+            tasks.append(lambda: [p for obj in missing for p in self.make(obs, obj)])
+        role = next(o for o in rbac_objs if o["kind"] == "Role")
+        if role not in missing and obs.role and obs.role.get("rules") != role["rules"]:
+            self.update_role(obs.role, role)
         return problems + [p for found in self.in_parallel(tasks) for p in found]
 
     def update_role(self, role: dict[str, Any], wanted: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from etoperator import metrics, naming
@@ -71,7 +72,8 @@ class JobReconciler(Observing, Children, Scripts):
         job = obs.job
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = job_key(namespace, name, job["metadata"]["uid"])
-        basics = self.ensure_basics(obs) if obs.spec is not None else []
+        with metrics.PASS_STEP_SECONDS.labels("basics").time():
+            basics = self.ensure_basics(obs) if obs.spec is not None else []
         inp = JobInput(
             name=name,
             namespace=namespace,
@@ -89,7 +91,8 @@ class JobReconciler(Observing, Children, Scripts):
             public_key=self._public.get(key),
             refusal_over=key not in self._refused,
         )
-        plan = plan_job(inp)
+        with metrics.PASS_STEP_SECONDS.labels("plan").time():
+            plan = plan_job(inp)
         if self.going_away(namespace, plan):
             return GOING
         try:
@@ -159,6 +162,17 @@ class JobReconciler(Observing, Children, Scripts):
         return new
 
     def act(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
+        with metrics.PASS_STEP_SECONDS.labels("writes").time():
+            self.write_plan(obs, inp, plan)
+        if inp.spec is None or inp.hold:
+            return
+        with metrics.PASS_STEP_SECONDS.labels("children").time():
+            self.act_children(obs, inp.spec, plan)
+            self.run_scripts(obs, plan)
+
+    def write_plan(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
+        """Scalers adopted, scaler statuses, the job status and spec replicas, in that order;
+        then the pass's events, posted at once."""
         job = obs.job
         by_key = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         # 0. scalers get a controller reference to their job (so they go with it).
@@ -187,20 +201,16 @@ class JobReconciler(Observing, Children, Scripts):
             replicas = {"worker": {"replicas": plan.spec_replicas}}
             self.write({**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
         ns, name = inp.namespace, inp.name
+        about = [(job, ev) for ev in plan.events]
+        about += [(by_key[key], ev) for key, evs in plan.scaler_events.items() for ev in evs]
         for ev in plan.events:
             log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
-            self.kube.event(job, ev.type, ev.reason, ev.message, self.clock())
             if ev.reason == "WorkerLost":
                 metrics.WORKERS_LOST.inc()
             elif ev.reason == "WorkerReplaced":
                 metrics.WORKERS_REPLACED.inc()
-        for key, events in plan.scaler_events.items():
-            for ev in events:
-                self.kube.event(by_key[key], ev.type, ev.reason, ev.message, self.clock())
-        if inp.spec is None or inp.hold:
-            return
-        self.act_children(obs, inp.spec, plan)
-        self.run_scripts(obs, plan)
+        post, now = self.kube.event, self.clock()
+        self.in_parallel([partial(post, o, ev.type, ev.reason, ev.message, now) for o, ev in about])
 
     def reconcile_orphan_scaler(self, kind: str, namespace: str, name: str) -> None:
         body = self.kube.get(kind, namespace, name)
