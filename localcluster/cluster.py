@@ -19,6 +19,7 @@ from pathlib import Path
 
 from localcluster import procs
 from localcluster.controlplane import ROOT, ControlPlane
+from localcluster.hollow import HollowNodes
 from localcluster.kubelet import Kubelet
 from localcluster.network import SLOTS, Network, claim_slot, free_slots
 from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
@@ -121,11 +122,14 @@ class LocalCluster:
     operator_args: list[str] = field(default_factory=list)
     api_port: int = 0
     nodes: int = 0  # real nodes (instead of make_kubelet)
+    hollow: int = 0  # hollow nodes (kubemark), with room for `max_pods` pods each
+    max_pods: int = 110
     deploy: bool = False  # the operator from deploy/ (real nodes only)
     progress: Callable[[str], None] = lambda _: None
     cp: ControlPlane | None = None
     kubelet: Kubelet | None = None
     real: Nodes | None = None
+    hollow_nodes: HollowNodes | None = None
     operator: OperatorProcess | None = None
     deployed: DeployedOperator | None = None
     _slot_lock: int | None = None
@@ -166,12 +170,18 @@ class LocalCluster:
             self.real = Nodes(self.dir / "nodes", self.nodes)
             self.cp.address = self.real.network(slot).gateway
             self.cp.real_nodes = True
+        self.cp.scheduling = bool(self.nodes or self.hollow)
         self.cp.start(before_controllers=self.install)
         self.progress(f"control plane up at {self.cp.url}")
         if self.real is not None:
             self.real.start(self.cp, lambda text: self.kubectl("apply", "-f", "-", input=text))
             wait_ready(self.kubectl, self.nodes)
             self.progress(f"{self.nodes} node(s) Ready (containerd, kubelet, kube-proxy)")
+        elif self.hollow:
+            self.hollow_nodes = HollowNodes(self.dir / "hollow", self.hollow, self.max_pods)
+            self.hollow_nodes.start(self.cp)
+            wait_ready(self.kubectl, self.hollow, timeout=120)
+            self.progress(f"{self.hollow} hollow node(s) Ready")
         else:
             assert self.make_kubelet is not None
             self.kubelet = self.make_kubelet(self.cp)
@@ -259,6 +269,8 @@ class LocalCluster:
             self.operator.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
+        if self.hollow_nodes is not None:
+            self.hollow_nodes.stop()
         if self.real is not None:
             self.real.stop()
         if self.cp is not None:

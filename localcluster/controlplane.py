@@ -96,7 +96,8 @@ class ControlPlane:
     bin: Path = field(default_factory=binaries)
     port: int = 0  # the apiserver's secure port (0: a free one)
     address: str = "127.0.0.1"  # where it listens; pods of real nodes reach it there
-    real_nodes: bool = False  # kube-scheduler and the node controllers run too
+    real_nodes: bool = False  # pods reach the apiserver at `address` (the lease reconciler)
+    scheduling: bool = False  # kube-scheduler and the node controllers run (any kind of node)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -131,7 +132,7 @@ class ControlPlane:
         kubeconfig(self.url, ca.cert, cert_user(admin), self.admin_kubeconfig)
         before_controllers()
         self._controller_manager(ca)
-        if self.real_nodes:
+        if self.scheduling:
             self._scheduler()
         return self
 
@@ -250,7 +251,7 @@ class ControlPlane:
 
     @property
     def controllers(self) -> tuple[str, ...]:
-        return CONTROLLERS + NODE_CONTROLLERS if self.real_nodes else CONTROLLERS
+        return CONTROLLERS + NODE_CONTROLLERS if self.scheduling else CONTROLLERS
 
     def _scheduler(self) -> None:
         kc = self.user_kubeconfig("kube-scheduler", "system:kube-scheduler")
@@ -262,6 +263,10 @@ class ControlPlane:
                 f"--authentication-kubeconfig={kc}",
                 f"--authorization-kubeconfig={kc}",
                 "--leader-elect=false",
+                # Binding thousands of pods (hollow nodes) at the default 50 a second would be
+                # the slowest part of the benchmarks; large clusters raise it too.
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 "--v=0",

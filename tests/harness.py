@@ -20,6 +20,7 @@ import yaml
 from etoperator import kube, naming
 from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
+from localcluster.hollow import HollowNodes
 from localcluster.kubelet import Kubelet
 from tests.faultproxy import FaultProxy
 
@@ -66,6 +67,20 @@ def start_cluster(
     operator = local.start_operator(proxy.url)
     api = kube.Kube(kube.load_config(str(local.kubeconfig)))
     return Cluster(local, local.kubeconfig, api, local.cp, local.kubelet, operator, proxy)
+
+
+def start_hollow(tmp: Path, nodes: int, max_pods: int, extra: list[str]) -> Hollow:
+    """The real control plane with kube-scheduler, hollow nodes (kubemark) and the operator as
+    a real process under its deploy/ RBAC: thousands of pods that run nothing."""
+    local = LocalCluster(tmp, hollow=nodes, max_pods=max_pods, operator_args=list(extra))
+    try:
+        local.start()
+    except BaseException:
+        local.stop()
+        raise
+    assert local.cp is not None and local.operator is not None
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Hollow(local, local.kubeconfig, api, local.cp, local.operator)
 
 
 def start_chain(tmp: Path, nodes: int = 1) -> Chain:
@@ -198,6 +213,15 @@ class Cluster(World):
     def pod_log(self, ns: str, name: str) -> str:
         path = self.kubelet.log_path((ns, name))
         return path.read_text(errors="replace") if path and path.exists() else ""
+
+
+@dataclass
+class Hollow(World):
+    cp: ControlPlane
+    operator: OperatorProcess
+
+    def nodes(self) -> list[str]:
+        return [HollowNodes.name(i) for i in range(self.local.hollow)]
 
 
 @dataclass
