@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from etoperator import cache, kube, metrics, naming
+from etoperator.api.statuses import JobStatus
 from etoperator.leader import LeaderElection
 from etoperator.reconcile.job import JobReconciler
 from etoperator.runtime import Runtime
@@ -151,7 +152,7 @@ async def job_event(
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         rt.forget(key)
         return
-    rt.set_phase(key, str((body.get("status") or {}).get("phase") or ""))
+    rt.set_phase(key, JobStatus.from_dict(dict(body.get("status") or {})).phase or "")
     rt.start(key)
 
 

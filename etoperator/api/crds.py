@@ -15,6 +15,7 @@ import yaml
 
 from etoperator import naming
 from etoperator.api import fields as f
+from etoperator.api.statuses import JobStatus, ScaleInStatus, ScaleOutStatus
 
 Schema = dict[str, Any]
 
@@ -92,50 +93,6 @@ def _pod_template(desc: str) -> Schema:
     }
 
 
-_CONDITIONS: Schema = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string"},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "lastUpdateTime": {"type": "string", "format": "date-time"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-        },
-    },
-}
-
-_REPLICA_STATUS: Schema = {
-    "type": "object",
-    "properties": {k: _int() for k in ("active", "succeeded", "failed")},
-}
-
-_REPLICA_STATUSES: Schema = {
-    "type": "object",
-    "properties": {"Launcher": _REPLICA_STATUS, "Worker": _REPLICA_STATUS},
-}
-
-_STRINGS: Schema = {"type": "array", "items": {"type": "string"}}
-
-
-def _common_status(extra: dict[str, Schema]) -> Schema:
-    return {
-        "type": "object",
-        "properties": {
-            "phase": {"type": "string"},
-            "conditions": _CONDITIONS,
-            "replicaStatuses": _REPLICA_STATUSES,
-            "startTime": {"type": "string", "format": "date-time"},
-            "completionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer"},
-            **extra,
-        },
-    }
-
-
 _WORKER_CEL = [
     {
         "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
@@ -186,23 +143,7 @@ def trainingjob_schema() -> Schema:
             "launcherAttachMode": f.ATTACH.schema(),
         },
     }
-    status = _common_status(
-        {
-            "restartCount": _int(0),
-            "currentScaler": {"type": "string"},
-            "targetWorkers": _STRINGS,
-            "currentWorkers": _STRINGS,
-            "replicas": _int(0),
-            "workerSelector": {"type": "string"},
-            "lastWorkerIndex": {"type": "integer"},
-            "runStartIndex": {"type": "integer"},
-            "acceptedReplicas": {"type": "integer"},
-            "replicasBefore": {"type": "integer"},
-            "sshPublicKey": {"type": "string"},
-            "scalerPods": _STRINGS,
-        }
-    )
-    return {"type": "object", "properties": {"spec": spec, "status": status}}
+    return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}
 
 
 def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
@@ -247,7 +188,7 @@ def scaleout_schema() -> Schema:
     )
     return {
         "type": "object",
-        "properties": {"spec": spec, "status": _common_status({"addPods": _STRINGS})},
+        "properties": {"spec": spec, "status": ScaleOutStatus.schema()},
     }
 
 
@@ -277,7 +218,7 @@ def scalein_schema() -> Schema:
     )
     return {
         "type": "object",
-        "properties": {"spec": spec, "status": _common_status({"toDeletePods": _STRINGS})},
+        "properties": {"spec": spec, "status": ScaleInStatus.schema()},
     }
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
+from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.clock import iso, parse_iso
-from etoperator.planning.jobstatus import JobStatus, ScalerStatus
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, ScalerView
 from etoperator.status import Event
@@ -50,7 +50,8 @@ class Draft:
     def __init__(self, inp: JobInput) -> None:
         self.inp = inp
         self.now = iso(inp.now)
-        self.status = JobStatus.from_dict(inp.status)
+        self.observed = JobStatus.from_dict(inp.status)  # as read: what the pass started from
+        self.status = JobStatus.from_dict(inp.status)  # what the pass will write
         self.plan = Plan(status={})  # filled from self.status when the pass is planned
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
@@ -78,7 +79,7 @@ class Draft:
     def set_scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
     ) -> None:
-        new = ScalerStatus.from_dict(self.plan.scaler_status.get(sc.key, sc.status))
+        new = scaler_status(sc.kind, self.plan.scaler_status.get(sc.key, sc.status))
         if new.phase in st.SCALE_TERMINAL and phase != new.phase:
             return  # a scaler's end is written once and never changes
         conds, changed = st.set_condition(

@@ -16,7 +16,7 @@ def wind_down(d: Draft) -> None:
             job.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
         ):
             d.delete(pod.name)
-    current = d.inp.status.get("currentScaler") or ""
+    current = d.observed.current_scaler or ""
     d.status.current_scaler = ""
     for sc in d.inp.scalers:
         # One that started but is not the job's current scaler has ended already: our own

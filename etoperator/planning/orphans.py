@@ -6,8 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from etoperator import status as st
+from etoperator.api.statuses import scaler_status
 from etoperator.clock import iso
-from etoperator.planning.jobstatus import ScalerStatus
 from etoperator.planning.views import ScalerView
 from etoperator.status import Event
 
@@ -35,12 +35,10 @@ def plan_orphan_scaler(
     else:
         ctype, reason, msg, phase = "Waiting", "JobNotFound", f"waiting for job {job} to exist", ""
     t = iso(now)
-    conds, changed = st.set_condition(
-        sc.status.get("conditions") or [], ctype, "True", reason, msg, t
-    )
+    conds, changed = st.set_condition(sc.typed.conditions or [], ctype, "True", reason, msg, t)
     if not changed and sc.phase == phase:
         return None, None
-    new = ScalerStatus.from_dict(sc.status)
+    new = scaler_status(sc.kind, sc.status)
     new.conditions, new.phase = conds, phase
     if phase == st.SCALE_FAILED:
         new.completion_time = t

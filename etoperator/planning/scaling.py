@@ -7,9 +7,9 @@ from typing import Any
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.api.statuses import ScaleOutStatus, scaler_status
 from etoperator.clock import parse_iso
 from etoperator.planning.draft import Draft, Members
-from etoperator.planning.jobstatus import ScalerStatus
 from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
 from etoperator.planning.views import ScalerView
 
@@ -21,7 +21,7 @@ SCRIPT_GRACE = 5
 
 def timed_out(d: Draft, sc: ScalerView) -> bool:
     assert sc.spec is not None
-    started = parse_iso(ScalerStatus.from_dict(sc.status).start_time)
+    started = parse_iso(sc.typed.start_time)
     return started is not None and d.inp.now - started >= timedelta(seconds=sc.spec.timeout)
 
 
@@ -132,7 +132,7 @@ def ensure_script_ran(d: Draft, sc: ScalerView, pods: list[str]) -> bool:
     marked as started (by an operator that may since have restarted) may still run: it is
     asked for again only once its timeout, which ends it in the launcher, has passed."""
     assert sc.spec is not None
-    ran = st.condition(sc.status.get("conditions") or [], SCRIPT_EXECUTED)
+    ran = st.condition(sc.typed.conditions or [], SCRIPT_EXECUTED)
     if not sc.spec.script or (ran and ran.get("status") in ("True", "False")):
         return True
     if d.launcher is None or d.launcher.phase != "Running":
@@ -193,8 +193,8 @@ def start_scalers(d: Draft) -> None:
             d.status.current_workers = [h for h in hosts if h not in planned]
             d.plan.hosts = d.status.current_workers
             what = f"removing {', '.join(planned)}"
-        new = ScalerStatus.from_dict(sc.status)
-        if spec.kind == naming.SCALEOUT_KIND:
+        new = scaler_status(sc.kind, sc.status)
+        if isinstance(new, ScaleOutStatus):
             new.add_pods = planned
         else:
             new.to_delete_pods = planned
@@ -215,7 +215,7 @@ def follow_replicas(d: Draft) -> None:
     request = replicas_request(d)
     if request is not None:
         take_request(d, request)
-    elif (d.inp.status.get("currentScaler") or "") != (d.status.current_scaler or ""):
+    elif (d.observed.current_scaler or "") != (d.status.current_scaler or ""):
         d.follow_members(len(d.status.members))
 
 

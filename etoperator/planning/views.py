@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from etoperator import naming
 from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.api.statuses import ScaleOutStatus, ScalerStatus, scaler_status
 from etoperator.status import Event
 
 
@@ -52,13 +52,19 @@ class ScalerView:
         return (self.kind, self.name)
 
     @property
+    def typed(self) -> ScalerStatus:
+        return scaler_status(self.kind, self.status)
+
+    @property
     def phase(self) -> str:
-        return str(self.status.get("phase") or "")
+        return self.typed.phase or ""
 
     @property
     def planned(self) -> list[str]:
-        field_name = "addPods" if self.kind == naming.SCALEOUT_KIND else "toDeletePods"
-        return list(self.status.get(field_name) or [])
+        """Its frozen plan: the workers it adds or removes."""
+        typed = self.typed
+        pods = typed.add_pods if isinstance(typed, ScaleOutStatus) else typed.to_delete_pods
+        return list(pods or [])
 
 
 @dataclass(frozen=True)

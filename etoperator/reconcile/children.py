@@ -13,6 +13,7 @@ from etoperator import status as st
 from etoperator.api.models import (
     JobSpec,
 )
+from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.cache import Observed
@@ -29,7 +30,7 @@ class Children(State):
         no request unless something is missing); what stands in their way, if anything."""
         spec = obs.spec
         assert spec is not None
-        if (obs.job.get("status") or {}).get("phase") in st.TERMINAL:
+        if JobStatus.from_dict(obs.job.get("status")).phase in st.TERMINAL:
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         problems = self.check_user_secret(spec) if spec.ssh_secret else []
@@ -91,12 +92,13 @@ class Children(State):
         kept = self._key_texts.get(f"{key}/{name}")
         keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
         # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
-        old = (self._public.get(key) or (obs.job.get("status") or {}).get("sshPublicKey") or "",)
+        status = JobStatus.from_dict(obs.job.get("status"))
+        old = (self._public.get(key) or status.ssh_public_key or "",)
         secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
         made, problems = self.create(obs, secret)
         if made:
             self._public[key] = keys.public_openssh
-        if made and (obs.job.get("status") or {}).get("currentWorkers"):
+        if made and status.hosts:
             how = (
                 "with the job's key pair"
                 if kept
@@ -111,7 +113,7 @@ class Children(State):
         under a running job comes back with it, never empty (Horovod would drop every host)."""
         spec = obs.spec
         assert spec is not None
-        hosts = list((obs.job.get("status") or {}).get("currentWorkers") or [])
+        hosts = JobStatus.from_dict(obs.job.get("status")).hosts
         cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
         made, problems = self.create(obs, cm)
         if made and hosts:
@@ -181,7 +183,7 @@ class Children(State):
         squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
         if plan.create_launcher:
             launcher = pods.launcher_pod(
-                spec, owner, secret, keys, int(plan.status.get("restartCount", 0))
+                spec, owner, secret, keys, JobStatus.from_dict(plan.status).restart_count or 0
             )
             problems += self.make(obs, launcher)
         for wanted in plan.create_scalers:

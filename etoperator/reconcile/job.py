@@ -21,6 +21,7 @@ from typing import Any
 
 from etoperator import metrics, naming
 from etoperator import status as st
+from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
@@ -106,7 +107,7 @@ class JobReconciler(Observing, Children, Scripts):
             raise
         self._refused.discard(key)
         # Blocked conditions follow the world one pass later: come back soon to say so.
-        blocked = st.condition(plan.status.get("conditions") or [], "Blocked") or {}
+        blocked = st.condition(JobStatus.from_dict(plan.status).conditions or [], "Blocked") or {}
         if blocked.get("status") == "True" and not basics and not self._act_problems.get(key):
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
         return plan_next(plan)
@@ -133,7 +134,7 @@ class JobReconciler(Observing, Children, Scripts):
             self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
 
     def _set_blocked(self, obs: Observed, status: str, reason: str, message: str) -> bool:
-        conds = (obs.job.get("status") or {}).get("conditions") or []
+        conds = JobStatus.from_dict(obs.job.get("status")).conditions or []
         new, changed = st.set_condition(conds, "Blocked", status, reason, message, self.now())
         if changed:
             meta = obs.job["metadata"]

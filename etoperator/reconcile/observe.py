@@ -19,6 +19,7 @@ from etoperator.api.models import (
     parse_job,
     parse_scaler,
 )
+from etoperator.api.statuses import JobStatus, ScaleInStatus
 from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
@@ -116,14 +117,14 @@ def _waiting(pst: dict[str, Any]) -> str:
     return ""
 
 
-def scale_in_victims(status: dict[str, Any], scalers: list[dict[str, Any]]) -> set[str]:
+def scale_in_victims(status: JobStatus, scalers: list[dict[str, Any]]) -> set[str]:
     """The pods the running ScaleIn (if any) removes."""
-    ref = naming.parse_scaler_ref(str(status.get("currentScaler") or ""))
+    ref = naming.parse_scaler_ref(status.current_scaler or "")
     if not ref or ref[0] != naming.SCALEIN_KIND:
         return set()
     for s in scalers:
         if s["kind"] == ref[0] and s["metadata"]["name"] == ref[2]:
-            return set((s.get("status") or {}).get("toDeletePods") or [])
+            return set(ScaleInStatus.from_dict(s.get("status")).to_delete_pods or [])
     return set()
 
 
@@ -199,7 +200,7 @@ class Observing(State):
     def pod_views(self, obs: Observed) -> list[PodView]:
         """Pods as the planner sees them, with SSH readiness and drain checks filled in."""
         assert obs.spec is not None or obs.error
-        status = obs.job.get("status") or {}
+        status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
         victims = scale_in_victims(status, obs.scalers)
         key = None
@@ -208,15 +209,14 @@ class Observing(State):
             key = self._ssh_key(obs, obs.spec, secret)
         wanted = probes_wanted(
             views,
-            set(status.get("currentWorkers") or []),
+            set(status.hosts),
             set(config.hosts_of((obs.configmap or {}).get("data"))),
             victims,
             key is not None,
         )
         ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in obs.pods}
         results = self.run_probes(obs.spec, wanted, ips, key)
-        hosts = set(status.get("currentWorkers") or [])
-        return [settle(v, results, hosts, victims, self.ssh_checks) for v in views]
+        return [settle(v, results, set(status.hosts), victims, self.ssh_checks) for v in views]
 
     def run_probes(
         self,

@@ -7,6 +7,7 @@ import threading
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.api.statuses import scaler_status
 from etoperator.cache import Observed
 from etoperator.kube import Conflict
 from etoperator.planning import Plan
@@ -76,7 +77,7 @@ class Scripts(State):
             if scaler is None:
                 return False
             conds, _ = st.set_condition(
-                (scaler.get("status") or {}).get("conditions") or [],
+                scaler_status(key[0], scaler.get("status")).conditions or [],
                 SCRIPT_EXECUTED, status, reason, message, self.now(),
             )  # fmt: skip
             version = {"resourceVersion": scaler["metadata"]["resourceVersion"]}

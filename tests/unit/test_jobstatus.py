@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from etoperator.planning.jobstatus import JobStatus
+from etoperator.api.statuses import JobStatus
 
 KNOWN = {
     "phase": st.sampled_from(["Created", "Running", "Scaling", "Failed"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from etoperator.api.statuses import JobStatus
 from etoperator.cache import Observed
 from etoperator.kube import Kube
 from etoperator.reconcile.observe import (
@@ -61,8 +62,9 @@ def test_settle_gates_new_workers_on_their_answer() -> None:
 
 def test_victims_are_those_of_the_running_scale_in() -> None:
     scaler = {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}
-    assert scale_in_victims({"currentScaler": "ScaleIn:ns/cut"}, [scaler]) == {"a"}
-    assert scale_in_victims({"currentScaler": "ScaleOut:ns/cut"}, [scaler]) == set()
+    running = JobStatus(current_scaler="ScaleIn:ns/cut")
+    assert scale_in_victims(running, [scaler]) == {"a"}
+    assert scale_in_victims(JobStatus(current_scaler="ScaleOut:ns/cut"), [scaler]) == set()
 
 
 def body(kind: str, name: str, version: str, selects: str = "j") -> dict[str, Any]:
