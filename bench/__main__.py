@@ -248,10 +248,15 @@ def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
 
 
 def buckets_of(text: str, name: str, labels: str = "") -> list[tuple[float, float]]:
-    """A histogram's cumulative buckets; `labels` as they print before `le` (`step="plan",`)."""
+    """A histogram's cumulative buckets, of the series whose labels include `labels`
+    (`step="plan"`)."""
     found = []
-    for m in re.finditer(rf'^{name}_bucket{{{labels}le="([^"]+)"}} ([0-9.e+]+)$', text, re.M):
-        found.append((float("inf") if m[1] == "+Inf" else float(m[1]), float(m[2])))
+    for m in re.finditer(rf"^{name}_bucket{{([^}}]*)}} ([0-9.e+]+)$", text, re.M):
+        series = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+        le = series.pop("le")
+        if labels and labels not in m[1]:
+            continue
+        found.append((float("inf") if le == "+Inf" else float(le), float(m[2])))
     return found
 
 
@@ -267,8 +272,7 @@ def histogram_quantile(text: str, name: str, q: float, since: str = "", labels: 
 
 
 def step_p99(metrics: str, step: str) -> float:
-    label = 'step="' + step + '",'
-    return histogram_quantile(metrics, STEPS, 0.99, labels=label)
+    return histogram_quantile(metrics, STEPS, 0.99, labels=f'step="{step}"')
 
 
 def operator_requests(
@@ -749,7 +753,7 @@ def main() -> int:
             (Path(d) / name).mkdir(parents=True, exist_ok=True)
             try:
                 got = stage(Path(d) / name)
-            except (AssertionError, subprocess.CalledProcessError, OSError) as exc:
+            except Exception as exc:  # a stage that fails is a row; the others still run
                 got = [(name.upper(), "stage failed", type(exc).__name__, str(exc)[:60])]
             for row in got:  # print as they come: a later stage cannot lose them
                 print("  ".join(row), flush=True)
