@@ -21,8 +21,8 @@ from etoperator import naming
 from etoperator.builders.common import is_controlled_by
 
 Body = dict[str, Any]
-Key = tuple[str, str]  # namespace, job name
-IndexView = Mapping[Key, Iterable[Body]]
+JobRef = tuple[str, str]  # namespace, job name
+IndexView = Mapping[JobRef, Iterable[Body]]
 
 _META = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations")
 _META_MORE = ("ownerReferences", "deletionTimestamp", "creationTimestamp", "generation")
@@ -81,14 +81,14 @@ class Indexes:
     scalers: list[IndexView]
 
     def observe(self, namespace: str, name: str) -> Observed | None:
-        key = (namespace, name)
-        job = next(iter(self.jobs.get(key, ())), None)
+        ref = (namespace, name)
+        job = next(iter(self.jobs.get(ref, ())), None)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return None
         job = copy.deepcopy(job)  # the pass may note its own writes on it
         uid = job["metadata"]["uid"]
         children = [
-            c for index in self.children for c in index.get(key, ()) if is_controlled_by(c, uid)
+            c for index in self.children for c in index.get(ref, ()) if is_controlled_by(c, uid)
         ]
         by_kind: dict[str, list[Body]] = {}
         for c in children:
@@ -101,7 +101,7 @@ class Indexes:
             pods=by_kind.get("Pod", []),
             services=by_kind.get("Service", []),
             configmap=_named(by_kind.get("ConfigMap", []), cm_name),
-            scalers=[s for index in self.scalers for s in index.get(key, ())],
+            scalers=[s for index in self.scalers for s in index.get(ref, ())],
             secret=_named(by_kind.get("Secret", []), secret_name),
             present={(c["kind"], c["metadata"]["name"]) for c in children},
             role=_named(by_kind.get("Role", []), naming.launcher_sa_name(name)),

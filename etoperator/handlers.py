@@ -1,4 +1,5 @@
-"""kopf wiring only: which watch events wake which job's reconcile loop.
+"""The operator's wiring, in one place: settings read once, every part built once at start-up
+and handed to what needs it, and which watch events wake which job's reconcile loop.
 
 Run with `etoperator run ...` or `kopf run -m etoperator.handlers --standalone`; settings come
 from the CLI or from ETOPERATOR_* environment variables (see etoperator/settings.py).
@@ -24,6 +25,9 @@ from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
 RBAC_GROUP = "rbac.authorization.k8s.io"
+# Read once, here: which handlers exist (the node watch) depends on them, and start-up builds
+# every part from them.
+SETTINGS = Settings.from_env()
 
 
 def runtime(memo: Any) -> Runtime:
@@ -33,7 +37,7 @@ def runtime(memo: Any) -> Runtime:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    cfg = Settings.from_env()
+    cfg = SETTINGS
     settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=naming.ANN_PREFIX
@@ -53,15 +57,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 30
     api = kube.load_config(cfg.kubeconfig, connections=2 * cfg.workers)
     api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
-    reconciler = JobReconciler(
-        kube=kube.Kube(api),
+    tainted: set[str] = set()  # nodes about to be taken away: the node watch fills it
+    reconciler = JobReconciler.build(
+        kube.Kube(api),
         prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
         ssh_checks=cfg.ssh_checks,
         max_workers=cfg.max_workers,
         probe_pool=concurrent.futures.ThreadPoolExecutor(cfg.workers, "etoperator-ssh"),
+        tainted_nodes=lambda: set(tainted),
     )
     rt = Runtime(
-        reconciler, workers=cfg.workers, taint_keys=set(cfg.preemption_taints), resync=cfg.resync
+        reconciler,
+        workers=cfg.workers,
+        tainted=tainted,
+        taint_keys=set(cfg.preemption_taints),
+        resync=cfg.resync,
     )
     memo.rt = rt
     if cfg.leader_election:
@@ -78,8 +88,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 def cleanup(memo: kopf.Memo, **_: Any) -> None:
     rt = getattr(memo, "rt", None)
     if rt is not None:
-        for key in list(rt.tasks):
-            rt.forget(key)
+        for ref in list(rt.tasks):
+            rt.forget(ref)
 
 
 @kopf.on.probe(id="jobs")
@@ -146,14 +156,14 @@ def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
 async def job_event(
     type: str, name: str, namespace: str | None, body: kopf.Body, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    key = (namespace or "", name)
+    ref = (namespace or "", name)
     rt = runtime(memo)
     _attach(rt, kwargs)
     if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
-        rt.forget(key)
+        rt.forget(ref)
         return
-    rt.set_phase(key, JobStatus.from_dict(dict(body.get("status") or {})).phase or "")
-    rt.start(key)
+    rt.set_phase(ref, JobStatus.from_dict(dict(body.get("status") or {})).phase or "")
+    rt.start(ref)
 
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
@@ -249,5 +259,5 @@ async def node_event(type: str, name: str, body: kopf.Body, memo: kopf.Memo, **_
 
 
 # Registered only when switched on: off, there is no node watch at all (nor a need for its RBAC).
-if Settings.from_env().watch_nodes:
+if SETTINGS.watch_nodes:
     kopf.on.event("", "v1", "nodes")(node_event)

@@ -1,4 +1,5 @@
-"""The only module that talks to the API server. 404 and 409 are turned into values here."""
+"""The only module that makes the operator's requests to the API server (kopf opens the watches,
+handlers.py). 404 and 409 are turned into values here."""
 
 from __future__ import annotations
 

@@ -16,13 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from etoperator import metrics
-from etoperator.cache import Observed
+from etoperator.cache import JobRef, Observed
 from etoperator.kube import ApiError
 from etoperator.reconcile.job import JobReconciler
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]
 RESYNC = 60.0
 MAX_BACKOFF = 60.0
 
@@ -31,19 +30,16 @@ MAX_BACKOFF = 60.0
 class Runtime:
     reconciler: JobReconciler
     workers: int = 16
-    tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
-    kicks: dict[Key, asyncio.Event] = field(default_factory=dict)
-    phases: dict[Key, str] = field(default_factory=dict)
+    tasks: dict[JobRef, asyncio.Task[None]] = field(default_factory=dict)
+    kicks: dict[JobRef, asyncio.Event] = field(default_factory=dict)
+    phases: dict[JobRef, str] = field(default_factory=dict)
     tainted: set[str] = field(default_factory=set)  # nodes about to be taken away
     taint_keys: set[str] = field(default_factory=set)  # taints that announce that
     observe: Callable[[str, str], Observed | None] | None = None  # from the watch caches
     leading: asyncio.Event | None = None  # set while this replica holds the Lease (None: alone)
-    known: set[Key] = field(default_factory=set)  # every job seen, leading or not
+    known: set[JobRef] = field(default_factory=set)  # every job seen, leading or not
     resync: float = RESYNC  # a pass at least this often (reading caches: it costs no request)
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-    def __post_init__(self) -> None:
-        self.reconciler.tainted_nodes = lambda: set(self.tainted)
 
     @property
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -51,11 +47,11 @@ class Runtime:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, "etoperator-job")
         return self._pool
 
-    def has(self, key: Key) -> bool:
-        return key in self.tasks
+    def has(self, ref: JobRef) -> bool:
+        return ref in self.tasks
 
-    def kick(self, key: Key) -> None:
-        event = self.kicks.get(key)
+    def kick(self, ref: JobRef) -> None:
+        event = self.kicks.get(ref)
         if event is not None:
             event.set()
 
@@ -66,69 +62,69 @@ class Runtime:
         """A standby starts the loops of every known job once it holds the Lease."""
         assert self.leading is not None
         await self.leading.wait()
-        for key in list(self.known):
-            self.start(key)
+        for ref in list(self.known):
+            self.start(ref)
 
-    def start(self, key: Key) -> None:
-        self.known.add(key)
+    def start(self, ref: JobRef) -> None:
+        self.known.add(ref)
         if not self.is_leader():
             return  # a standby watches (its caches stay warm) and writes nothing
-        if key not in self.tasks or self.tasks[key].done():
-            self.kicks[key] = asyncio.Event()
-            self.tasks[key] = asyncio.create_task(self._loop(key), name=f"job {key[0]}/{key[1]}")
-        self.kick(key)
+        if ref not in self.tasks or self.tasks[ref].done():
+            self.kicks[ref] = asyncio.Event()
+            self.tasks[ref] = asyncio.create_task(self._loop(ref), name=f"job {ref[0]}/{ref[1]}")
+        self.kick(ref)
 
-    def forget(self, key: Key) -> None:
-        self.known.discard(key)
-        task = self.tasks.pop(key, None)
-        self.kicks.pop(key, None)
-        self.phases.pop(key, None)
+    def forget(self, ref: JobRef) -> None:
+        self.known.discard(ref)
+        task = self.tasks.pop(ref, None)
+        self.kicks.pop(ref, None)
+        self.phases.pop(ref, None)
         self._publish_phases()
-        self.reconciler.forget(*key)
+        self.reconciler.forget(*ref)
         if task is not None:
             task.cancel()
 
     def kick_all(self) -> None:
-        for key in list(self.kicks):
-            self.kick(key)
+        for ref in list(self.kicks):
+            self.kick(ref)
 
-    async def _loop(self, key: Key) -> None:
+    async def _loop(self, ref: JobRef) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
-        kick = self.kicks[key]
+        kick = self.kicks[ref]
         while True:
             kick.clear()
             try:
                 # Read in the event loop, where the caches change; the pass owns its copy.
-                obs = self.observe(*key) if self.observe is not None else None
+                obs = self.observe(*ref) if self.observe is not None else None
                 if obs is None:  # the job is gone
-                    self.tasks.pop(key, None)
-                    self.kicks.pop(key, None)
-                    self.reconciler.forget(*key)
+                    self.tasks.pop(ref, None)
+                    self.kicks.pop(ref, None)
+                    self.reconciler.forget(*ref)
                     return
                 nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
                 delay = nxt.seconds
-                log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *key, delay, nxt.why)
+                log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *ref, delay, nxt.why)
                 failures = 0
             except (ApiError, OSError) as exc:
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
                 metrics.RECONCILE_ERRORS.inc()
                 log.warning(
-                    "Reconcile failed namespace=%s job=%s error=%s retry_in=%.1fs", *key, exc, delay
+                    "Reconcile failed namespace=%s job=%s error=%s retry_in=%.1fs", *ref, exc, delay
                 )
             except Exception:
                 # One bad job must never take the operator down: log, count, back off.
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
                 metrics.RECONCILE_ERRORS.inc()
-                log.exception("Reconcile raised namespace=%s job=%s retry_in=%.1fs", *key, delay)
+                log.exception("Reconcile raised namespace=%s job=%s retry_in=%.1fs", *ref, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=min(delay, self.resync))
 
-    def set_phase(self, key: Key, phase: str) -> None:
-        if self.phases.get(key) != phase:
-            self.phases[key] = phase
+    def set_phase(self, ref: JobRef, phase: str) -> None:
+        if self.phases.get(ref) != phase:
+            self.phases[ref] = phase
             self._publish_phases()
 
     def _publish_phases(self) -> None:

@@ -74,7 +74,7 @@ def _with_volumes(
 
 def _pod(
     name: str,
-    job: JobSpec,
+    job_spec: JobSpec,
     owner: Owner,
     template: dict[str, Any],
     labels: dict[str, str],
@@ -83,7 +83,7 @@ def _pod(
     tmeta = template.get("metadata") or {}
     meta = metadata(
         name,
-        job.namespace,
+        job_spec.namespace,
         owner,
         {**(tmeta.get("labels") or {}), **labels},
         dict(tmeta.get("annotations") or {}),
@@ -92,11 +92,11 @@ def _pod(
 
 
 def worker_pod(
-    job: JobSpec, owner: Owner, index: int, secret: str, secret_keys: frozenset[str]
+    job_spec: JobSpec, owner: Owner, index: int, secret: str, secret_keys: frozenset[str]
 ) -> dict[str, Any]:
-    name = naming.worker_name(job.name, index)
+    name = naming.worker_name(job_spec.name, index)
     spec = _with_volumes(
-        job.worker.template,
+        job_spec.worker.template,
         [_ssh_volume(secret, secret_keys)],
         [{"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT}],
     )
@@ -105,54 +105,61 @@ def worker_pod(
         first["command"] = list(DEFAULT_WORKER_COMMAND)
         first.pop("args", None)
     spec.setdefault("hostname", name)
-    return _pod(name, job, owner, job.worker.template, naming.worker_labels(job.name, index), spec)
+    return _pod(
+        name,
+        job_spec,
+        owner,
+        job_spec.worker.template,
+        naming.worker_labels(job_spec.name, index),
+        spec,
+    )
 
 
 def launcher_pod(
-    job: JobSpec, owner: Owner, secret: str, secret_keys: frozenset[str], run: int
+    job_spec: JobSpec, owner: Owner, secret: str, secret_keys: frozenset[str], run: int
 ) -> dict[str, Any]:
     """The launcher of run `run` (the job's restartCount): the run is stamped on the pod so a
     launcher left over from an earlier run is never taken for the current one."""
     spec = _with_volumes(
-        job.launcher.template,
-        [_ssh_volume(secret, secret_keys), _config_volume(job.name)],
+        job_spec.launcher.template,
+        [_ssh_volume(secret, secret_keys), _config_volume(job_spec.name)],
         [
             {"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT},
             {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
         ],
     )
-    spec["serviceAccountName"] = launcher_service_account(job, job.launcher.template)
+    spec["serviceAccountName"] = launcher_service_account(job_spec, job_spec.launcher.template)
     # The discovery script reads the live host list with this account's token.
     spec["automountServiceAccountToken"] = True
     env = spec["containers"][0].setdefault("env", [])
-    ours = {"ETOPERATOR_JOB": job.name, "ETOPERATOR_NAMESPACE": job.namespace}
+    ours = {"ETOPERATOR_JOB": job_spec.name, "ETOPERATOR_NAMESPACE": job_spec.namespace}
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
     pod = _pod(
-        naming.launcher_name(job.name),
-        job,
+        naming.launcher_name(job_spec.name),
+        job_spec,
         owner,
-        job.launcher.template,
-        naming.launcher_labels(job.name),
+        job_spec.launcher.template,
+        naming.launcher_labels(job_spec.name),
         spec,
     )
     pod["metadata"].setdefault("annotations", {})[naming.ANN_RUN] = str(run)
     return pod
 
 
-def launcher_service_account(job: JobSpec, template: dict[str, Any]) -> str:
+def launcher_service_account(job_spec: JobSpec, template: dict[str, Any]) -> str:
     """The account the launcher runs as: the template's own, else one the operator creates."""
     name = (template.get("spec") or {}).get("serviceAccountName")
-    return str(name) if name else naming.launcher_sa_name(job.name)
+    return str(name) if name else naming.launcher_sa_name(job_spec.name)
 
 
-def worker_service(job: JobSpec, owner: Owner, index: int) -> dict[str, Any]:
-    name = naming.worker_name(job.name, index)
-    labels = naming.worker_labels(job.name, index)
+def worker_service(job_spec: JobSpec, owner: Owner, index: int) -> dict[str, Any]:
+    name = naming.worker_name(job_spec.name, index)
+    labels = naming.worker_labels(job_spec.name, index)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(name, job.namespace, owner, labels),
+        "metadata": metadata(name, job_spec.namespace, owner, labels),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,

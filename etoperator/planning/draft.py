@@ -55,7 +55,7 @@ class Draft:
         self.plan = Plan(status={})  # filled from self.status when the pass is planned
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
-        self.scalers = {s.key: s for s in inp.scalers}
+        self.scalers = {s.kind_name: s for s in inp.scalers}
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
 
     def set_cond(
@@ -79,7 +79,7 @@ class Draft:
     def set_scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
     ) -> None:
-        new = scaler_status(sc.kind, self.plan.scaler_status.get(sc.key, sc.status))
+        new = scaler_status(sc.kind, self.plan.scaler_status.get(sc.kind_name, sc.status))
         if new.phase in st.SCALE_TERMINAL and phase != new.phase:
             return  # a scaler's end is written once and never changes
         conds, changed = st.set_condition(
@@ -93,10 +93,10 @@ class Draft:
             result = "succeeded" if phase == st.SCALE_SUCCEEDED else "failed"
             self.plan.settled_scalers.append((sc.kind, result, f"{secs:.3f}"))
         if new.to_dict() != sc.status:
-            self.plan.scaler_status[sc.key] = new.to_dict()
+            self.plan.scaler_status[sc.kind_name] = new.to_dict()
         if changed:
             event = Event("Warning" if warn else "Normal", reason, message)
-            self.plan.scaler_events.setdefault(sc.key, []).append(event)
+            self.plan.scaler_events.setdefault(sc.kind_name, []).append(event)
             if phase in st.SCALE_TERMINAL:  # `kubectl describe tj` tells how each scale ended
                 self.plan.events.append(
                     Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
@@ -119,15 +119,16 @@ class Draft:
 
     def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
-        job = self.spec
+        job_spec = self.spec
         start = self.last_index() + 1
         self.status.run_start_index = start
         self.status.target_workers = [
-            naming.worker_name(job.name, i) for i in range(start, start + job.worker.replicas)
+            naming.worker_name(job_spec.name, i)
+            for i in range(start, start + job_spec.worker.replicas)
         ]
-        self.status.last_worker_index = start + job.worker.replicas - 1
+        self.status.last_worker_index = start + job_spec.worker.replicas - 1
         self.status.current_workers = []
-        self.accept_replicas(job.worker.replicas)
+        self.accept_replicas(job_spec.worker.replicas)
         self.status.phase = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.status.conditions or [], ctype):

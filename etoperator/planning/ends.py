@@ -10,10 +10,10 @@ from etoperator.planning.views import PodView
 
 
 def wind_down(d: Draft) -> None:
-    job = d.spec
+    job_spec = d.spec
     for pod in d.inp.pods:
-        if job.clean_pod_policy == "All" or (
-            job.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
+        if job_spec.clean_pod_policy == "All" or (
+            job_spec.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
         ):
             d.delete(pod.name)
     current = d.observed.current_scaler or ""
@@ -25,7 +25,7 @@ def wind_down(d: Draft) -> None:
         ref = naming.scaler_ref(sc.kind, d.inp.namespace, sc.name)
         if sc.phase not in st.SCALE_TERMINAL and (not started or ref == current):
             d.fail_scaler(
-                sc, "JobFinished", f"job {job.name} ended {d.status.phase}; nothing scaled"
+                sc, "JobFinished", f"job {job_spec.name} ended {d.status.phase}; nothing scaled"
             )
 
 
@@ -50,10 +50,10 @@ def succeed_job(d: Draft) -> None:
 
 
 def restart_or_fail(d: Draft, launcher: PodView) -> None:
-    job = d.spec
+    job_spec = d.spec
     count = int(d.status.restart_count if d.status.restart_count is not None else 0)
     why = f"the launcher failed ({launcher.reason or 'Error'}, exit code {launcher.exit_code})"
-    if job.restart_policy == "OnFailure" and count < job.backoff_limit:
+    if job_spec.restart_policy == "OnFailure" and count < job_spec.backoff_limit:
         fail_active(d, "JobRestarted", "the job restarted; scale not applied")
         d.status.current_scaler = ""
         d.status.restart_count = count + 1
@@ -65,12 +65,14 @@ def restart_or_fail(d: Draft, launcher: PodView) -> None:
             "Restarting",
             "True",
             "Restarting",
-            f"{why}; restart {count + 1} of {job.backoff_limit}",
+            f"{why}; restart {count + 1} of {job_spec.backoff_limit}",
             warn=True,
         )
         d.come_back("restarting")
         return
     limit = (
-        f"; backoffLimit {job.backoff_limit} reached" if job.restart_policy == "OnFailure" else ""
+        f"; backoffLimit {job_spec.backoff_limit} reached"
+        if job_spec.restart_policy == "OnFailure"
+        else ""
     )
     fail_job(d, "LauncherFailed", why + limit)

@@ -27,14 +27,14 @@ def plan_pass(d: Draft) -> Plan:
     if inp.spec is None:
         refuse_invalid(d, inp.error or "invalid spec")
         return complete_plan(d)
-    job = inp.spec
+    job_spec = inp.spec
     failed_cond = st.condition(d.status.conditions, st.FAILED)
     if d.status.phase == st.FAILED and failed_cond and failed_cond.get("reason") == "InvalidSpec":
         # The spec was fixed after being refused: nothing was ever started, begin afresh.
         d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
         d.status.phase = None
         d.status.completion_time = None
-    d.status.worker_selector = naming.worker_selector(job.name)
+    d.status.worker_selector = naming.worker_selector(job_spec.name)
     if inp.public_key:
         d.status.ssh_public_key = inp.public_key
     adopt_scalers(d)
@@ -42,7 +42,7 @@ def plan_pass(d: Draft) -> Plan:
         d.status.start_time = d.status.start_time or d.now
         d.status.restart_count = d.status.restart_count if d.status.restart_count is not None else 0
         d.start_fresh_run()
-        d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job.name} is created")
+        d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job_spec.name} is created")
     update_blocked(d)
     phase = d.status.phase
     if inp.hold and phase not in st.TERMINAL:
@@ -50,7 +50,7 @@ def plan_pass(d: Draft) -> Plan:
         return d.plan  # status only: nothing moves until the job's basics are there
     if phase in st.TERMINAL:
         wind_down(d)
-    elif job.suspended:
+    elif job_spec.suspended:
         suspend(d)
     elif phase == st.SUSPENDED:
         d.start_fresh_run()
@@ -89,7 +89,7 @@ def refuse_invalid(d: Draft, error: str) -> None:
 def adopt_scalers(d: Draft) -> None:
     for sc in d.inp.scalers:
         if not sc.owned and sc.phase not in st.SCALE_TERMINAL:
-            d.plan.adopt_scalers.append(sc.key)
+            d.plan.adopt_scalers.append(sc.kind_name)
 
 
 def suspend(d: Draft) -> None:

@@ -198,10 +198,10 @@ def say_workers_ready(d: Draft, count: int, event: bool) -> None:
 
 
 def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members | None:
-    job = d.spec
-    name = naming.launcher_name(job.name)
+    job_spec = d.spec
+    name = naming.launcher_name(job_spec.name)
     if launcher is None or launcher.deleting:
-        if job.launcher.restart_policy not in ("Always", "OnFailure"):
+        if job_spec.launcher.restart_policy not in ("Always", "OnFailure"):
             d.status.target_workers, d.status.current_workers = list(m.members), list(m.hosts)
             why = "disappeared and its restartPolicy does not recreate it"
             fail_job(d, "LauncherLost", f"launcher {name} {why}")
@@ -211,7 +211,7 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
         d.plan.events.append(Event("Warning", "LauncherRecreated", message))
         d.come_back("the launcher is being recreated")
     elif launcher.phase in ("Succeeded", "Failed"):
-        d.status.current_workers = by_index(job.name, list(m.hosts))
+        d.status.current_workers = by_index(job_spec.name, list(m.hosts))
         if launcher.phase == "Succeeded":
             succeed_job(d)
         else:

@@ -34,35 +34,35 @@ def victims_by_count(job: str, members: list[str], count: int) -> list[str]:
 
 
 def check_scale_in(
-    job: JobSpec, members: list[str], hosts: list[str], spec: ScalerSpec
+    job_spec: JobSpec, members: list[str], hosts: list[str], spec: ScalerSpec
 ) -> tuple[list[str], str | None]:
     """Victims of a ScaleIn, or the reason it cannot run (then nothing is deleted)."""
     if spec.pod_names is not None:
         unknown = [n for n in spec.pod_names if n not in members]
         if unknown:
             return [], (
-                f"not current workers of job {job.name}: {', '.join(unknown)}; nothing deleted"
+                f"not current workers of job {job_spec.name}: {', '.join(unknown)}; nothing deleted"
             )
         victims = list(spec.pod_names)
     else:
         assert spec.count is not None
-        victims = victims_by_count(job.name, members, spec.count)
+        victims = victims_by_count(job_spec.name, members, spec.count)
     left = len(members) - len(victims)
-    if left < job.worker.min_replicas:
+    if left < job_spec.worker.min_replicas:
         return [], (
             f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
-            f"below minReplicas {job.worker.min_replicas}"
+            f"below minReplicas {job_spec.worker.min_replicas}"
         )
     if hosts and not [h for h in hosts if h not in victims]:
         return [], "would remove every worker in the host list; Horovod needs one to keep state"
-    return by_index(job.name, victims), None
+    return by_index(job_spec.name, victims), None
 
 
-def check_scale_out(job: JobSpec, members: list[str], spec: ScalerSpec) -> str | None:
+def check_scale_out(job_spec: JobSpec, members: list[str], spec: ScalerSpec) -> str | None:
     assert spec.count is not None
-    limit, what = job.worker.max_replicas, "maxReplicas"
-    if limit is None or limit > job.worker.limit:
-        limit, what = job.worker.limit, "this operator's limit of workers per job"
+    limit, what = job_spec.worker.max_replicas, "maxReplicas"
+    if limit is None or limit > job_spec.worker.limit:
+        limit, what = job_spec.worker.limit, "this operator's limit of workers per job"
     if len(members) + spec.count > limit:
         return (
             f"adding {spec.count} to {workers(len(members))} would exceed {what} {limit}; "

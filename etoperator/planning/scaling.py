@@ -144,7 +144,7 @@ def ensure_script_ran(d: Draft, sc: ScalerView, pods: list[str]) -> bool:
         d.come_back("the scaler's script runs")
         return False
     argv = script_argv(sc.spec, pods, d.spec.slots_per_worker)
-    d.plan.run_scripts.append((sc.key, argv, sc.spec.timeout))
+    d.plan.run_scripts.append((sc.kind_name, argv, sc.spec.timeout))
     d.come_back("the scaler's script runs")
     return False
 
@@ -157,10 +157,10 @@ def finish_scale(d: Draft, sc: ScalerView, what: str) -> None:
 
 def start_scalers(d: Draft) -> None:
     """Fail bad scalers; start the oldest waiting one when none runs."""
-    job = d.spec
+    job_spec = d.spec
     waiting = []
     for sc in sorted(d.inp.scalers, key=scaler_order):
-        if sc.phase in st.SCALE_TERMINAL or sc.key in d.plan.scaler_status:
+        if sc.phase in st.SCALE_TERMINAL or sc.kind_name in d.plan.scaler_status:
             continue
         if sc.spec is None:
             d.fail_scaler(sc, "InvalidSpec", sc.error or "invalid spec")
@@ -173,19 +173,21 @@ def start_scalers(d: Draft) -> None:
         spec = sc.spec
         assert spec is not None
         if spec.kind == naming.SCALEOUT_KIND:
-            problem = check_scale_out(job, members, spec)
+            problem = check_scale_out(job_spec, members, spec)
             if problem:
                 d.fail_scaler(sc, "MaxReplicasExceeded", problem)
                 continue
             assert spec.count is not None
             first = d.last_index() + 1
-            planned = [naming.worker_name(job.name, i) for i in range(first, first + spec.count)]
+            planned = [
+                naming.worker_name(job_spec.name, i) for i in range(first, first + spec.count)
+            ]
             d.status.last_worker_index = first + spec.count - 1
             d.status.target_workers = members + planned
             d.plan.create_workers.extend(range(first, first + spec.count))
             what = f"adding {', '.join(planned)}"
         else:
-            planned, problem = check_scale_in(job, members, hosts, spec)
+            planned, problem = check_scale_in(job_spec, members, hosts, spec)
             if problem:
                 d.fail_scaler(sc, "InvalidScaleIn", problem)
                 continue
@@ -199,7 +201,7 @@ def start_scalers(d: Draft) -> None:
         else:
             new.to_delete_pods = planned
         new.start_time = d.now
-        d.plan.scaler_status[sc.key] = new.to_dict()
+        d.plan.scaler_status[sc.kind_name] = new.to_dict()
         d.set_scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
         d.status.current_scaler = naming.scaler_ref(sc.kind, d.inp.namespace, sc.name)
         d.status.scaler_pods = planned
@@ -240,9 +242,9 @@ def replicas_request(d: Draft) -> int | None:
 
 
 def take_request(d: Draft, replicas: int) -> None:
-    job = d.spec
+    job_spec = d.spec
     if d.status.current_scaler or any(
-        sc.phase not in st.SCALE_TERMINAL and sc.key not in d.plan.scaler_status
+        sc.phase not in st.SCALE_TERMINAL and sc.kind_name not in d.plan.scaler_status
         for sc in d.inp.scalers
     ):
         return  # let queued scalers run first; the difference is taken afterwards
@@ -251,7 +253,7 @@ def take_request(d: Draft, replicas: int) -> None:
         d.accept_replicas(replicas)
         return
     kind = naming.SCALEOUT_KIND if delta > 0 else naming.SCALEIN_KIND
-    body: dict[str, Any] = {"selector": {"name": job.name}}
+    body: dict[str, Any] = {"selector": {"name": job_spec.name}}
     if delta > 0:
         body["toAdd"] = {"count": delta}
     else:
@@ -260,7 +262,7 @@ def take_request(d: Draft, replicas: int) -> None:
     d.plan.create_scalers.append(
         {
             "kind": kind,
-            "name": naming.replicas_scaler_name(job.name, d.inp.generation),
+            "name": naming.replicas_scaler_name(job_spec.name, d.inp.generation),
             "generation": d.inp.generation,
             "spec": body,
         }

@@ -48,7 +48,7 @@ class ScalerView:
     made_for: int | None = None  # made by the operator for `kubectl scale` at this generation
 
     @property
-    def key(self) -> tuple[str, str]:
+    def kind_name(self) -> tuple[str, str]:
         return (self.kind, self.name)
 
     @property

@@ -3,8 +3,11 @@ Services and scalers created as planned; objects of others in the way reported, 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -17,14 +20,41 @@ from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.cache import Observed
-from etoperator.kube import AlreadyExists
+from etoperator.clock import utcnow
+from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
-from etoperator.reconcile.state import USER_SECRET_RECHECK, State, job_key
+from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, in_parallel, job_id
 
 log = logging.getLogger(__name__)
 
 
-class Children(State):
+@dataclass
+class Acted:
+    """What acting on a job's children met, said on the job by its next pass."""
+
+    problems: list[str] = field(default_factory=list)  # objects of others in the way
+    squatted: list[str] = field(default_factory=list)  # worker names others' pods hold
+
+
+@dataclass
+class Children:
+    """The objects a job owns: made, repaired, brought up to date; what is in the way told."""
+
+    kube: Kube
+    keys: Keys
+    pool: concurrent.futures.ThreadPoolExecutor  # independent creates go at once
+    clock: Callable[[], datetime] = utcnow
+    _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
+
+    def forget(self, prefix: str) -> None:
+        for k in [k for k in self._user_secret_checked if k.startswith(prefix)]:
+            self._user_secret_checked.pop(k)
+
+    def user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The Secret the job's annotation names (not the job's own, so not watched)."""
+        assert spec.ssh_secret is not None
+        return self.kube.get("Secret", spec.namespace, spec.ssh_secret)
+
     def ensure_basics(self, obs: Observed) -> list[str]:
         """Secret, ConfigMap and the launcher's RBAC (as the watches show them, so this costs
         no request unless something is missing); what stands in their way, if anything."""
@@ -38,17 +68,19 @@ class Children(State):
         if not spec.ssh_secret and obs.secret is None:
             tasks.append(partial(self.repair_secret, obs, owner))
         elif obs.secret is not None:
-            self._public[job_key(spec.namespace, spec.name, spec.uid)] = ssh.public_key(obs.secret)
+            self.keys.public[job_id(spec.namespace, spec.name, spec.uid)] = ssh.public_key(
+                obs.secret
+            )
         if obs.configmap is None:
             tasks.append(partial(self.repair_config_map, obs, owner))
         rbac_objs = rbac.launcher_rbac(spec, owner)
         missing = [o for o in rbac_objs if (o["kind"], o["metadata"]["name"]) not in obs.present]
         if missing:  # in order: a RoleBinding is refused before the Role it binds exists
-            tasks.append(lambda: [p for obj in missing for p in self.make(obs, obj)])
+            tasks.append(lambda: [p for obj in missing for p in self.create_child(obs, obj)])
         role = next(o for o in rbac_objs if o["kind"] == "Role")
         if role not in missing and obs.role and obs.role.get("rules") != role["rules"]:
             self.update_role(obs.role, role)
-        return problems + [p for found in self.in_parallel(tasks) for p in found]
+        return problems + [p for found in in_parallel(self.pool, tasks) for p in found]
 
     def update_role(self, role: dict[str, Any], wanted: dict[str, Any]) -> None:
         """A Role made by an older operator: grant what the current launcher script needs."""
@@ -60,11 +92,11 @@ class Children(State):
     def check_user_secret(self, spec: JobSpec) -> list[str]:
         """The Secret the annotation names: not the job's own, so not watched; read again at
         most every few minutes (and whenever it was found wanting)."""
-        key = job_key(spec.namespace, spec.name, spec.uid)
-        checked = self._user_secret_checked.get(key)
+        jid = job_id(spec.namespace, spec.name, spec.uid)
+        checked = self._user_secret_checked.get(jid)
         if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
             return []
-        secret, name = self._user_secret(spec), spec.ssh_secret
+        secret, name = self.user_secret(spec), spec.ssh_secret
         problems = []
         if secret is None:
             problems.append(f"SSH Secret {name} named by the annotation is missing")
@@ -76,9 +108,9 @@ class Children(State):
                 "Secret of its own (its key opens that job's workers)"
             )
         if problems:
-            self._user_secret_checked.pop(key, None)
+            self._user_secret_checked.pop(jid, None)
         else:
-            self._user_secret_checked[key] = self.clock()
+            self._user_secret_checked[jid] = self.clock()
         return problems
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
@@ -88,16 +120,16 @@ class Children(State):
         assert spec is not None
         name = naming.secret_name(spec.name)
         comment = f"etoperator-{spec.name}"
-        key = job_key(spec.namespace, spec.name, spec.uid)
-        kept = self._key_texts.get(f"{key}/{name}")
+        jid = job_id(spec.namespace, spec.name, spec.uid)
+        kept = self.keys.text.get(f"{jid}/{name}")
         keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
         # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
         status = JobStatus.from_dict(obs.job.get("status"))
-        old = (self._public.get(key) or status.ssh_public_key or "",)
+        old = (self.keys.public.get(jid) or status.ssh_public_key or "",)
         secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
-        made, problems = self.create(obs, secret)
+        made, problems = self.create_or_find(obs, secret)
         if made:
-            self._public[key] = keys.public_openssh
+            self.keys.public[jid] = keys.public_openssh
         if made and status.hosts:
             how = (
                 "with the job's key pair"
@@ -115,7 +147,7 @@ class Children(State):
         assert spec is not None
         hosts = JobStatus.from_dict(obs.job.get("status")).hosts
         cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
-        made, problems = self.create(obs, cm)
+        made, problems = self.create_or_find(obs, cm)
         if made and hosts:
             message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
                 ", ".join(hosts)
@@ -123,12 +155,12 @@ class Children(State):
             self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
 
-    def make(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
+    def create_child(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
         """Create `obj`; a same-named object this job does not control is a problem, not ours.
         A refusal by the apiserver propagates: the pass reports it as Blocked/APIRefused."""
-        return self.create(obs, obj)[1]
+        return self.create_or_find(obs, obj)[1]
 
-    def create(self, obs: Observed, obj: dict[str, Any]) -> tuple[bool, list[str]]:
+    def create_or_find(self, obs: Observed, obj: dict[str, Any]) -> tuple[bool, list[str]]:
         """(made now, problems): not made when it existed already (ours, or in the way)."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
@@ -141,7 +173,8 @@ class Children(State):
                 return False, []
             return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
-    def act_children(self, obs: Observed, spec: JobSpec, plan: Plan) -> None:
+    def act(self, obs: Observed, spec: JobSpec, plan: Plan) -> Acted:
+        """Host list first, then deletions, Services and pods (at once), the launcher, scalers."""
         ns, name = spec.namespace, spec.name
         owner = Owner(naming.JOB_KIND, name, spec.uid)
         # 4. host list before any pod is deleted.
@@ -177,7 +210,9 @@ class Children(State):
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
         workers = [pods.worker_pod(spec, owner, i, secret, keys) for i in plan.create_workers]
-        found = self.in_parallel([partial(self.make, obs, obj) for obj in services + workers])
+        found = in_parallel(
+            self.pool, [partial(self.create_child, obs, obj) for obj in services + workers]
+        )
         problems += [p for each in found for p in each]
         in_the_way = found[len(services) :]
         squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
@@ -185,15 +220,12 @@ class Children(State):
             launcher = pods.launcher_pod(
                 spec, owner, secret, keys, JobStatus.from_dict(plan.status).restart_count or 0
             )
-            problems += self.make(obs, launcher)
+            problems += self.create_child(obs, launcher)
         for wanted in plan.create_scalers:
-            problems += self.make_replicas_scaler(obs, spec, owner, wanted)
-        # Said on the job by the next pass (one status write per pass).
-        key = job_key(spec.namespace, spec.name, spec.uid)
-        self._act_problems[key] = problems
-        self._squatted[key] = squatted
+            problems += self.create_replicas_scaler(obs, spec, owner, wanted)
+        return Acted(problems, squatted)  # said on the job by the next pass
 
-    def make_replicas_scaler(
+    def create_replicas_scaler(
         self, obs: Observed, spec: JobSpec, owner: Owner, wanted: dict[str, Any]
     ) -> list[str]:
         body = scalers.replicas_scaler(spec.namespace, owner, wanted)
@@ -218,4 +250,4 @@ class Children(State):
     def _secret_keys(self, spec: JobSpec, secret_name: str) -> frozenset[str]:
         if not spec.ssh_secret:
             return ssh.OWN_KEYS
-        return frozenset((self._user_secret(spec) or {}).get("data") or {})
+        return frozenset((self.user_secret(spec) or {}).get("data") or {})

@@ -1,4 +1,6 @@
-"""Level-based reconcile of one TrainingJob and its scalers: observe -> plan -> act -> status.
+"""Level-based reconcile of one TrainingJob and its scalers, a pass in this order: observe (the
+Observer), plan (planning/), write the plan (statuses, spec, events), act on the children
+(Children) and start scalers' scripts (Scripts). The JobReconciler holds those parts.
 
 Order of writes, chosen so that a crash or a 409 between any two of them is harmless:
   1. scaler statuses: a scaler's plan (addPods/toDeletePods) is frozen before any pod moves;
@@ -13,22 +15,27 @@ Every pass starts again from what is observed, so a pass cut short is finished b
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from etoperator import metrics, naming
 from etoperator import status as st
+from etoperator.api.fields import DEFAULT_MAX_WORKERS
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
-from etoperator.kube import ApiError, Conflict
+from etoperator.clock import iso, utcnow
+from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
-from etoperator.reconcile.children import Children
-from etoperator.reconcile.observe import Observing, scaler_view
+from etoperator.reconcile.children import Acted, Children
+from etoperator.reconcile.observe import Observer, scaler_view
 from etoperator.reconcile.scripts import Scripts
 from etoperator.reconcile.state import (
     BLOCKED_CLEARING,
@@ -36,13 +43,22 @@ from etoperator.reconcile.state import (
     GOING,
     REFUSED,
     STALE,
+    Keys,
     Next,
-    job_key,
+    Writes,
+    in_parallel,
+    job_id,
+    job_prefix,
     merge_patch,
     refused,
 )
+from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
+# A job's independent creates (its Services and worker pods, its Secret, ConfigMap and RBAC)
+# and a pass's events go at once, at most this many in flight over all passes: a first pass
+# waits for the slowest create, not for the sum of ~20.
+CREATES_AT_ONCE = 16
 
 
 def plan_next(plan: Plan) -> Next:
@@ -51,14 +67,69 @@ def plan_next(plan: Plan) -> Next:
 
 
 @dataclass
-class JobReconciler(Observing, Children, Scripts):
-    """One job's passes (observe.py, children.py, scripts.py do their parts)."""
+class JobReconciler:
+    """One job's passes: observe (the Observer), plan (planning/), write the plan, act on the
+    children (Children) and start scalers' scripts (Scripts). Built by `build`."""
+
+    kube: Kube
+    observer: Observer
+    children: Children
+    scripts: Scripts
+    writes: Writes
+    keys: Keys
+    pool: concurrent.futures.ThreadPoolExecutor  # independent writes made at once
+    clock: Callable[[], datetime] = utcnow
+    _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
+    _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
+
+    @classmethod
+    def build(
+        cls,
+        kube: Kube,
+        *,
+        prober: SSHProber | None = None,
+        ssh_checks: bool = True,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        probe_pool: concurrent.futures.ThreadPoolExecutor | None = None,
+        tainted_nodes: Callable[[], set[str]] = set,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> JobReconciler:
+        """The reconciler and its parts, each handed what it needs."""
+        keys, writes = Keys(), Writes()
+        pool = concurrent.futures.ThreadPoolExecutor(CREATES_AT_ONCE, "etoperator-create")
+        observer = Observer(
+            kube, keys, prober or SSHProber(), probe_pool or concurrent.futures.ThreadPoolExecutor(
+                16, "etoperator-ssh"
+            ), ssh_checks, max_workers, tainted_nodes,
+        )  # fmt: skip
+        children = Children(kube, keys, pool, clock)
+        scripts = Scripts(kube, writes, clock)
+        return cls(kube, observer, children, scripts, writes, keys, pool, clock)
+
+    def forget(self, namespace: str, job: str) -> None:
+        """The job is gone: drop all memory of it (keys, checks, problems, scripts, writes)."""
+        prefix = job_prefix(namespace, job)
+        self.keys.forget(prefix)
+        self.children.forget(prefix)
+        self.scripts.forget(prefix)
+        self.writes.forget(namespace, job)
+        self._refused = {k for k in self._refused if not k.startswith(prefix)}
+        for k in [k for k in self._acted if k.startswith(prefix)]:
+            self._acted.pop(k)
+
+    def child_changed(self, namespace: str, job: str, kind: str, deleted: bool) -> None:
+        """Someone else changed or deleted a child: read the user's Secret again on the next
+        pass; a changed Secret's key replaces the one held (a deleted one's is kept to remake
+        it with)."""
+        self.children.forget(job_prefix(namespace, job))
+        if kind == "Secret" and not deleted:
+            self.keys.secret_changed(job_prefix(namespace, job), naming.secret_name(job))
 
     def reconcile(self, obs: Observed) -> Next:
         """One pass over what was observed; when the next one is wanted."""
         metrics.RECONCILES.inc()
         with metrics.RECONCILE_SECONDS.time():
-            if self.stale(self.parse(obs)):
+            if self.writes.stale(self.observer.parse(obs)):
                 return STALE
             try:
                 return self.reconcile_observed(obs)
@@ -72,9 +143,10 @@ class JobReconciler(Observing, Children, Scripts):
         """observe (done) -> plan -> act; the seconds until the next pass."""
         job = obs.job
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        key = job_key(namespace, name, job["metadata"]["uid"])
+        jid = job_id(namespace, name, job["metadata"]["uid"])
+        acted = self._acted.get(jid, Acted())
         with metrics.PASS_STEP_SECONDS.labels("basics").time():
-            basics = self.ensure_basics(obs) if obs.spec is not None else []
+            basics = self.children.ensure_basics(obs) if obs.spec is not None else []
         inp = JobInput(
             name=name,
             namespace=namespace,
@@ -82,15 +154,15 @@ class JobReconciler(Observing, Children, Scripts):
             spec=obs.spec,
             error=obs.error,
             status=copy.deepcopy(job.get("status") or {}),
-            pods=self.pod_views(obs),
-            scalers=self.scaler_views(obs),
+            pods=self.observer.pod_views(obs),
+            scalers=self.observer.scaler_views(obs),
             now=self.clock(),
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
-            problems=(*basics, *self._act_problems.get(key, [])),
+            problems=(*basics, *acted.problems),
             hold=bool(basics),
-            squatted=tuple(self._squatted.get(key, [])),
-            public_key=self._public.get(key),
-            refusal_over=key not in self._refused,
+            squatted=tuple(acted.squatted),
+            public_key=self.keys.public.get(jid),
+            refusal_over=jid not in self._refused,
         )
         with metrics.PASS_STEP_SECONDS.labels("plan").time():
             plan = plan_job(inp)
@@ -103,12 +175,16 @@ class JobReconciler(Observing, Children, Scripts):
             return CONFLICT
         except ApiError as exc:
             if refused(exc):
-                self._refused.add(key)
+                self._refused.add(jid)
             raise
-        self._refused.discard(key)
+        self._refused.discard(jid)
         # Blocked conditions follow the world one pass later: come back soon to say so.
         blocked = st.condition(JobStatus.from_dict(plan.status).conditions or [], "Blocked") or {}
-        if blocked.get("status") == "True" and not basics and not self._act_problems.get(key):
+        if (
+            blocked.get("status") == "True"
+            and not basics
+            and not self._acted.get(jid, Acted()).problems
+        ):
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
         return plan_next(plan)
 
@@ -135,7 +211,9 @@ class JobReconciler(Observing, Children, Scripts):
 
     def _set_blocked(self, obs: Observed, status: str, reason: str, message: str) -> bool:
         conds = JobStatus.from_dict(obs.job.get("status")).conditions or []
-        new, changed = st.set_condition(conds, "Blocked", status, reason, message, self.now())
+        new, changed = st.set_condition(
+            conds, "Blocked", status, reason, message, iso(self.clock())
+        )
         if changed:
             meta = obs.job["metadata"]
             self.kube.patch(
@@ -157,7 +235,7 @@ class JobReconciler(Observing, Children, Scripts):
             sub=sub,
         )  # fmt: skip
         if new["metadata"]["resourceVersion"] != meta["resourceVersion"]:  # not a no-op
-            self.wrote(body)
+            self.writes.wrote(body)
         else:
             log.debug("No-op write kind=%s name=%s", body["kind"], meta["name"])
         return new
@@ -168,26 +246,28 @@ class JobReconciler(Observing, Children, Scripts):
         if inp.spec is None or inp.hold:
             return
         with metrics.PASS_STEP_SECONDS.labels("children").time():
-            self.act_children(obs, inp.spec, plan)
-            self.run_scripts(obs, plan)
+            jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
+            self._acted[jid] = self.children.act(obs, inp.spec, plan)
+            self.scripts.run(obs, plan)
 
     def write_plan(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
         """Scalers adopted, scaler statuses, the job status and spec replicas, in that order;
         then the pass's events, posted at once."""
         job = obs.job
-        by_key = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        by_kind_name = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         # 0. scalers get a controller reference to their job (so they go with it).
         owner = Owner(naming.JOB_KIND, inp.name, job["metadata"]["uid"])
-        for key in plan.adopt_scalers:
-            refs = by_key[key]["metadata"].get("ownerReferences") or []
+        for kind_name in plan.adopt_scalers:
+            refs = by_kind_name[kind_name]["metadata"].get("ownerReferences") or []
             others = [r for r in refs if not r.get("controller")]
-            by_key[key] = self.write(
-                by_key[key], {"metadata": {"ownerReferences": [*others, owner.reference()]}}
+            by_kind_name[kind_name] = self.write(
+                by_kind_name[kind_name],
+                {"metadata": {"ownerReferences": [*others, owner.reference()]}},
             )
         # 1. scaler statuses (frozen plans first).
-        for key, new in plan.scaler_status.items():
-            old = by_key[key].get("status") or {}
-            self.write(by_key[key], {"status": merge_patch(old, new)}, sub="status")
+        for kind_name, new in plan.scaler_status.items():
+            old = by_kind_name[kind_name].get("status") or {}
+            self.write(by_kind_name[kind_name], {"status": merge_patch(old, new)}, sub="status")
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
@@ -203,7 +283,11 @@ class JobReconciler(Observing, Children, Scripts):
             self.write({**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
         ns, name = inp.namespace, inp.name
         about = [(job, ev) for ev in plan.events]
-        about += [(by_key[key], ev) for key, evs in plan.scaler_events.items() for ev in evs]
+        about += [
+            (by_kind_name[kind_name], ev)
+            for kind_name, evs in plan.scaler_events.items()
+            for ev in evs
+        ]
         for ev in plan.events:
             log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
             if ev.reason == "WorkerLost":
@@ -211,7 +295,9 @@ class JobReconciler(Observing, Children, Scripts):
             elif ev.reason == "WorkerReplaced":
                 metrics.WORKERS_REPLACED.inc()
         post, now = self.kube.event, self.clock()
-        self.in_parallel([partial(post, o, ev.type, ev.reason, ev.message, now) for o, ev in about])
+        in_parallel(
+            self.pool, [partial(post, o, ev.type, ev.reason, ev.message, now) for o, ev in about]
+        )
 
     def reconcile_orphan_scaler(self, kind: str, namespace: str, name: str) -> None:
         body = self.kube.get(kind, namespace, name)

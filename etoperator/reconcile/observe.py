@@ -7,12 +7,14 @@ import concurrent.futures
 import copy
 import dataclasses
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import paramiko
 
 from etoperator import naming
-from etoperator.api.fields import InvalidSpec
+from etoperator.api.fields import DEFAULT_MAX_WORKERS, InvalidSpec
 from etoperator.api.models import (
     JobSpec,
     ScalerSpec,
@@ -23,9 +25,10 @@ from etoperator.api.statuses import JobStatus, ScaleInStatus
 from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
+from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView
-from etoperator.reconcile.state import State, job_key, job_of, ref
-from etoperator.sshcheck import SSHUnavailable, busy_script, load_key
+from etoperator.reconcile.state import Keys, job_id
+from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ def scale_in_victims(status: JobStatus, scalers: list[dict[str, Any]]) -> set[st
 
 
 def probes_wanted(
-    views: list[PodView], hosts: set[str], published: set[str], victims: set[str], key: bool
+    views: list[PodView], hosts: set[str], published: set[str], victims: set[str], can_probe: bool
 ) -> dict[str, str]:
     """Pure: which running workers to ask what. A draining one (a ScaleIn victim or noticed for
     preemption) once Horovod can no longer see it: has Horovod left it? A new one (not yet a
@@ -141,7 +144,7 @@ def probes_wanted(
         if v.name in victims or v.leaving:
             if v.name not in published:
                 wanted[v.name] = "drain"
-        elif v.name not in hosts and key:
+        elif v.name not in hosts and can_probe:
             wanted[v.name] = "ready"
     return wanted
 
@@ -160,7 +163,21 @@ def settle(
     return dataclasses.replace(v, ready=ready, busy=busy)
 
 
-class Observing(State):
+@dataclass
+class Observer:
+    """What a pass sees beyond the watch caches: the spec parsed, pods classified, and the SSH
+    readiness and drain probes, run at once in `probe_pool`."""
+
+    kube: Kube
+    keys: Keys
+    prober: SSHProber = field(default_factory=SSHProber)
+    probe_pool: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
+    )
+    ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
+    max_workers: int = DEFAULT_MAX_WORKERS
+    tainted_nodes: Callable[[], set[str]] = set  # nodes announced to be taken away
+
     def parse(self, obs: Observed) -> Observed:
         try:
             obs.spec, obs.error = parse_job(obs.job, self.max_workers), None
@@ -168,34 +185,24 @@ class Observing(State):
             obs.spec, obs.error = None, str(exc)
         return obs
 
-    def stale(self, obs: Observed) -> bool:
-        """The cache still shows an object as it was before one of our writes: wait for the
-        watch to bring the write (acting on it would only meet a 409)."""
-        mine = self._superseded.get(job_of(obs.job), {})
-        shown = {ref(body): body for body in (obs.job, *obs.scalers)}
-        stale = False
-        for r, old in list(mine.items()):
-            body = shown.get(r)
-            if body is not None and body["metadata"].get("resourceVersion") in old:
-                stale = True
-            else:  # the cache has caught up, or the object left the job's view (deleted)
-                mine.pop(r)
-        return stale
-
-    def _ssh_key(self, obs: Observed, job: JobSpec, secret_name: str) -> paramiko.PKey | None:
-        cache_key = f"{job_key(job.namespace, job.name, job.uid)}/{secret_name}"
-        if cache_key not in self._keys:
-            secret = self._user_secret(job) if job.ssh_secret else obs.secret
+    def _ssh_key(self, obs: Observed, spec: JobSpec, secret_name: str) -> paramiko.PKey | None:
+        filed = f"{job_id(spec.namespace, spec.name, spec.uid)}/{secret_name}"
+        if filed not in self.keys.parsed:
+            secret = (
+                self.kube.get("Secret", spec.namespace, secret_name)
+                if spec.ssh_secret
+                else obs.secret
+            )
             raw = ((secret or {}).get("data") or {}).get(ssh.PRIVATE_KEY)
             if not raw:
                 return None
             try:
                 text = base64.b64decode(raw).decode()
-                self._keys[cache_key] = load_key(text)
-                self._key_texts[cache_key] = text
+                self.keys.parsed[filed] = load_key(text)
+                self.keys.text[filed] = text
             except (SSHUnavailable, ValueError):
                 return None
-        return self._keys[cache_key]
+        return self.keys.parsed[filed]
 
     def pod_views(self, obs: Observed) -> list[PodView]:
         """Pods as the planner sees them, with SSH readiness and drain checks filled in."""
@@ -203,19 +210,19 @@ class Observing(State):
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
         victims = scale_in_victims(status, obs.scalers)
-        key = None
+        ssh_key = None
         if obs.spec is not None and self.ssh_checks:
             secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
-            key = self._ssh_key(obs, obs.spec, secret)
+            ssh_key = self._ssh_key(obs, obs.spec, secret)
         wanted = probes_wanted(
             views,
             set(status.hosts),
             set(config.hosts_of((obs.configmap or {}).get("data"))),
             victims,
-            key is not None,
+            ssh_key is not None,
         )
         ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in obs.pods}
-        results = self.run_probes(obs.spec, wanted, ips, key)
+        results = self.run_probes(obs.spec, wanted, ips, ssh_key)
         return [settle(v, results, set(status.hosts), victims, self.ssh_checks) for v in views]
 
     def run_probes(
@@ -223,25 +230,25 @@ class Observing(State):
         spec: JobSpec | None,
         wanted: dict[str, str],
         ips: dict[str, str | None],
-        key: paramiko.PKey | None,
+        ssh_key: paramiko.PKey | None,
     ) -> dict[str, bool | None]:
         """The SSH checks, in parallel: "ready" (sshd takes the key) or "drain" (Horovod left)."""
         futures: dict[str, concurrent.futures.Future[bool | None]] = {}
         for name, what in wanted.items():
             ip = ips.get(name)
             if what == "drain":
-                futures[name] = self.probe_pool.submit(self.horovod_on, spec, name, ip, key)
-            elif key is not None and ip:
-                futures[name] = self.probe_pool.submit(self.prober.ready, ip, key)
+                futures[name] = self.probe_pool.submit(self.horovod_on, spec, name, ip, ssh_key)
+            elif ssh_key is not None and ip:
+                futures[name] = self.probe_pool.submit(self.prober.ready, ip, ssh_key)
         return {name: f.result() for name, f in futures.items()}
 
     def horovod_on(
-        self, spec: JobSpec | None, pod: str, ip: str | None, key: paramiko.PKey | None
+        self, spec: JobSpec | None, pod: str, ip: str | None, ssh_key: paramiko.PKey | None
     ) -> bool | None:
         """Does a Horovod process still run on `pod`? Over SSH, or through pods/exec when the
         operator has no network path to pods; None when it cannot tell."""
-        if key is not None and ip:
-            return self.prober.horovod_running(ip, key, pod)
+        if ssh_key is not None and ip:
+            return self.prober.horovod_running(ip, ssh_key, pod)
         if self.ssh_checks or spec is None:
             return None
         code, out = self.kube.exec_in_pod(spec.namespace, pod, ["sh", "-c", busy_script(pod)], 10)

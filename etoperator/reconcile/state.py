@@ -1,30 +1,23 @@
-"""What the reconciler keeps between passes (keys, problems met, writes in flight), and the
-small pieces every part of it uses."""
+"""Small pieces every part of the reconciler uses: when the next pass is wanted (`Next`), how
+a job's memory is filed, the writes of ours the cache has yet to show (`Writes`), the SSH keys
+held (`Keys`), and independent writes made at once (`in_parallel`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 import paramiko
 
 from etoperator import naming
-from etoperator.api.fields import DEFAULT_MAX_WORKERS
-from etoperator.api.models import (
-    JobSpec,
-)
-from etoperator.clock import iso, utcnow
-from etoperator.kube import ApiError, Kube
-from etoperator.sshcheck import SSHProber
+from etoperator.cache import Observed
+from etoperator.kube import ApiError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
 
 USER_SECRET_RECHECK = 900.0  # seconds
 
@@ -44,9 +37,14 @@ BLOCKED_CLEARING = Next(0.5, "nothing blocks the job any more: say so")
 GOING = Next(60.0, "its namespace is being deleted: nothing more to do or to say")
 
 
-def job_key(namespace: str, name: str, uid: str) -> str:
+def job_id(namespace: str, name: str, uid: str) -> str:
     """What the reconciler's memory of a job is filed under (a new job of the name is another)."""
     return f"{namespace}/{name}/{uid}"
+
+
+def job_prefix(namespace: str, name: str) -> str:
+    """The start of every memory of that job name, whatever its uid."""
+    return f"{namespace}/{name}/"
 
 
 Ref = tuple[str, str, str]  # kind, namespace, name
@@ -57,7 +55,7 @@ def ref(body: dict[str, Any]) -> Ref:
     return (str(body.get("kind")), meta.get("namespace", ""), meta["name"])
 
 
-def job_of(body: dict[str, Any]) -> tuple[str, str]:
+def view_of(body: dict[str, Any]) -> tuple[str, str]:
     """The job whose view `body` is in: itself, or the one a scaler selects."""
     meta = body["metadata"]
     if body.get("kind") == naming.JOB_KIND:
@@ -79,83 +77,70 @@ def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return patch
 
 
+def in_parallel(
+    pool: concurrent.futures.ThreadPoolExecutor, tasks: Sequence[Callable[[], T]]
+) -> list[T]:
+    """Each task's result, in order, the tasks run at once in `pool`; a failure is raised once
+    every task has ended (the others' writes are made and kept)."""
+    if len(tasks) < 2:
+        return [task() for task in tasks]
+    futures = [pool.submit(task) for task in tasks]
+    concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
 @dataclass
-class State:
-    kube: Kube
-    prober: SSHProber = field(default_factory=SSHProber)
-    clock: Callable[[], datetime] = utcnow
-    ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
-    tainted_nodes: Callable[[], set[str]] = set
-    max_workers: int = DEFAULT_MAX_WORKERS
-    _keys: dict[str, paramiko.PKey] = field(default_factory=dict)
-    _key_texts: dict[str, str] = field(default_factory=dict)  # to recreate a deleted Secret
-    _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
-    _act_problems: dict[str, list[str]] = field(default_factory=dict)  # children in the way
-    _public: dict[str, str] = field(default_factory=dict)  # the job's trusted public key
-    _squatted: dict[str, list[str]] = field(default_factory=dict)  # worker names others hold
-    _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
-    probe_pool: concurrent.futures.ThreadPoolExecutor = field(  # SSH readiness and drain checks
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-ssh")
-    )
-    # A job's independent creates (its Services and worker pods, its Secret, ConfigMap and RBAC)
-    # go at once, at most this many in flight over all passes: a first pass waits for the
-    # slowest create, not for the sum of ~20.
-    create_pool: concurrent.futures.ThreadPoolExecutor = field(
-        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(16, "etoperator-create")
-    )
-    _scripts: dict[str, threading.Thread] = field(default_factory=dict)  # scripts running
-    # Scripts that ran and were reported: never run again for the same scaler, even by a pass
-    # that read the scaler before the report landed.
-    _scripts_done: set[str] = field(default_factory=set)
-    # Per job (namespace, name): objects of its view (the job, its scalers) -> versions that a
-    # write of ours replaced, which the cache may still show.
-    _superseded: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+class Writes:
+    """Our writes the watch caches may not show yet: per job view (the job, its scalers), each
+    object's versions a write of ours replaced. A pass that sees one waits for the watch."""
 
-    def now(self) -> str:
-        return iso(self.clock())
-
-    def in_parallel(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
-        """Each task's result, in order, the tasks run at once in `create_pool`; a failure is
-        raised once every task has ended (the others' writes are made and kept)."""
-        if len(tasks) < 2:
-            return [task() for task in tasks]
-        futures = [self.create_pool.submit(task) for task in tasks]
-        concurrent.futures.wait(futures)
-        return [f.result() for f in futures]
-
-    def forget(self, namespace: str, job: str) -> None:
-        """The job is gone: drop all memory of it (keys, checks, problems)."""
-        prefix = f"{namespace}/{job}/"
-        caches = (self._keys, self._key_texts, self._user_secret_checked, self._act_problems)
-        for cache in (*caches, self._squatted, self._public):
-            for k in [k for k in cache if k.startswith(prefix)]:
-                cache.pop(k)
-        self._refused = {k for k in self._refused if not k.startswith(prefix)}
-        self._scripts_done = {k for k in self._scripts_done if not k.startswith(prefix)}
-        self._superseded.pop((namespace, job), None)
+    _replaced: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
 
     def wrote(self, before: dict[str, Any]) -> None:
         """`before` was replaced by a write of ours: until the cache moves past it (and any
         version between our writes), it is stale."""
-        mine = self._superseded.setdefault(job_of(before), {})
+        mine = self._replaced.setdefault(view_of(before), {})
         mine.setdefault(ref(before), set()).add(before["metadata"]["resourceVersion"])
 
-    def superseded(self) -> int:
+    def stale(self, obs: Observed) -> bool:
+        """The cache still shows an object as it was before one of our writes (acting on it
+        would only meet a 409)."""
+        mine = self._replaced.get(view_of(obs.job), {})
+        shown = {ref(body): body for body in (obs.job, *obs.scalers)}
+        stale = False
+        for r, old in list(mine.items()):
+            body = shown.get(r)
+            if body is not None and body["metadata"].get("resourceVersion") in old:
+                stale = True
+            else:  # the cache has caught up, or the object left the job's view (deleted)
+                mine.pop(r)
+        return stale
+
+    def forget(self, namespace: str, job: str) -> None:
+        self._replaced.pop((namespace, job), None)
+
+    def count(self) -> int:
         """How many objects are remembered as written but maybe not yet seen so."""
-        return sum(len(v) for v in self._superseded.values())
+        return sum(len(v) for v in self._replaced.values())
 
-    def child_changed(self, namespace: str, job: str, kind: str, deleted: bool) -> None:
-        """Someone else changed or deleted a child: read the user's Secret again on the next pass;
-        a changed Secret's key replaces the one we hold (a deleted one's is kept to recreate)."""
-        prefix = f"{namespace}/{job}/"
-        for k in [k for k in self._user_secret_checked if k.startswith(prefix)]:
-            self._user_secret_checked.pop(k)
-        if kind == "Secret" and not deleted:
-            for cache in (self._keys, self._key_texts):
-                for k in [k for k in cache if k.endswith(f"/{naming.secret_name(job)}")]:
-                    cache.pop(k)
 
-    def _user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
-        assert spec.ssh_secret is not None
-        return self.kube.get("Secret", spec.namespace, spec.ssh_secret)
+@dataclass
+class Keys:
+    """Each job's SSH key as last read, filed under `<job_key>/<secret name>`: parsed (for the
+    readiness and drain probes), its text (to remake a deleted Secret with the key the pods
+    hold), and the public key its workers trust (by job_key)."""
+
+    parsed: dict[str, paramiko.PKey] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+    public: dict[str, str] = field(default_factory=dict)
+
+    def forget(self, prefix: str) -> None:
+        for held in (self.parsed, self.text, self.public):
+            for k in [k for k in held if k.startswith(prefix)]:
+                held.pop(k)
+
+    def secret_changed(self, prefix: str, secret: str) -> None:
+        """A job's Secret was changed by someone: read its key again."""
+        for held in (self.parsed, self.text):
+            for k in [k for k in held if k.startswith(prefix) and k.endswith(f"/{secret}")]:
+                held.pop(k)

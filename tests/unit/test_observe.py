@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from etoperator.api.statuses import JobStatus
 from etoperator.cache import Observed
-from etoperator.kube import Kube
 from etoperator.reconcile.observe import (
-    Observing,
     classify,
     probes_wanted,
     scale_in_victims,
     settle,
 )
+from etoperator.reconcile.state import Writes
 
 
 def pod(name: str, phase: str = "Running", role: str = "worker", **meta: Any) -> dict[str, Any]:
@@ -82,16 +81,16 @@ def observed(job: dict[str, Any], *scalers: dict[str, Any]) -> Observed:
 
 def test_what_a_write_made_stale_is_forgotten_with_the_object() -> None:
     """A scaler deleted before the cache showed our write to it leaves nothing behind."""
-    state = Observing(kube=cast(Kube, None))
+    writes = Writes()
     job, scaler = body("TrainingJob", "j", "1"), body("ScaleOut", "out", "5")
-    state.wrote(scaler)
-    assert state.stale(observed(job, scaler))  # the cache still shows the old version
-    assert not state.stale(observed(job, body("ScaleOut", "out", "6")))  # caught up
-    state.wrote(scaler)
-    state.stale(observed(job))  # deleted: the job's view no longer has it
-    state.wrote(job)
-    state.forget("ns", "j")
-    assert state.superseded() == 0
+    writes.wrote(scaler)
+    assert writes.stale(observed(job, scaler))  # the cache still shows the old version
+    assert not writes.stale(observed(job, body("ScaleOut", "out", "6")))  # caught up
+    writes.wrote(scaler)
+    writes.stale(observed(job))  # deleted: the job's view no longer has it
+    writes.wrote(job)
+    writes.forget("ns", "j")
+    assert writes.count() == 0
 
 
 def test_classify_tells_why_a_pending_pod_cannot_run() -> None:

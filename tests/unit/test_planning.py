@@ -208,7 +208,7 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
 def test_scale_out_timeout_rolls_back() -> None:
     so = scaler(scaleout("grow", "j", 1, timeout=10))
     first = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    so2 = dataclasses.replace(so, status=first.scaler_status[so.key])
+    so2 = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
     later = plan_job(
         inp(
             jspec(),
@@ -218,7 +218,7 @@ def test_scale_out_timeout_rolls_back() -> None:
             now=NOW + timedelta(seconds=11),
         )
     )
-    assert later.scaler_status[so.key]["phase"] == "ScaleFailed"
+    assert later.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
     assert later.delete_pods == ["j-worker-2"]
     assert later.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
 
@@ -353,11 +353,11 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
             [so],
         )
     )
-    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    so = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
     pods = [w(0), w(1), w(2), launcher()]
     joined = plan_job(inp(spec, first.status, pods, [so]))
     done = plan_job(inp(spec, joined.status, pods, [so], published=joined.hosts))
-    assert done.scaler_status[so.key]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
     assert done.spec_replicas is None  # the user's 5 is kept, not overwritten with 3
     (follow_up,) = done.create_scalers
     assert follow_up["kind"] == "ScaleOut" and follow_up["spec"]["toAdd"] == {"count": 2}
@@ -365,7 +365,7 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
     assert done.status["acceptedReplicas"] == 3
     made = scaler(scaleout(follow_up["name"], "j", 2), created="2026-01-01T11:30:00Z")
     made = dataclasses.replace(made, made_for=follow_up["generation"])
-    so = dataclasses.replace(so, status=done.scaler_status[so.key])
+    so = dataclasses.replace(so, status=done.scaler_status[so.kind_name])
     taken = plan_job(inp(spec, done.status, pods, [so, made], published=joined.hosts))
     assert taken.status["acceptedReplicas"] == 5 and not taken.create_scalers
 
@@ -373,10 +373,10 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
 def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
     so = scaler(scaleout("grow", "j", 2))
     first = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    so = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
     world = inp(jspec(), first.status, [w(0), w(1), w(3), launcher()], [so])
     plan = plan_job(dataclasses.replace(world, squatted=("j-worker-2",)))
-    st = plan.scaler_status[so.key]
+    st = plan.scaler_status[so.kind_name]
     assert st["phase"] == "ScaleFailed"
     message = st["conditions"][-1]["message"]
     assert "j-worker-2 exists and is not this job's" in message and "removed j-worker-3" in message
@@ -396,16 +396,18 @@ def test_a_scale_that_succeeded_stays_succeeded_when_the_job_ends() -> None:
     spec = jspec(minReplicas=1)
     si = scaler(scalein("shrink", "j", count=1))
     start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [si]))
-    si = dataclasses.replace(si, status=start.scaler_status[si.key])
+    si = dataclasses.replace(si, status=start.scaler_status[si.kind_name])
     pods = [w(0), w(1, busy=False), launcher("Succeeded")]
     end = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
     assert end.status["phase"] == "Succeeded"
-    assert end.scaler_status[si.key]["phase"] == "ScaleSucceeded"
-    failed = [c for c in end.scaler_status[si.key]["conditions"] if c["type"] == "ScaleFailed"]
+    assert end.scaler_status[si.kind_name]["phase"] == "ScaleSucceeded"
+    failed = [
+        c for c in end.scaler_status[si.kind_name]["conditions"] if c["type"] == "ScaleFailed"
+    ]
     assert failed == []
     # The next pass, its cache still showing the scaler as it was before our write.
     again = plan_job(inp(spec, end.status, pods, [si], published=["j-worker-0"]))
-    assert again.scaler_status.get(si.key, {}).get("phase") in (None, "ScaleSucceeded")
+    assert again.scaler_status.get(si.kind_name, {}).get("phase") in (None, "ScaleSucceeded")
 
 
 def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
@@ -415,7 +417,7 @@ def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
     so = scaler(scaleout("grow", "j", 2))
     start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
     assert start.spec_replicas == 4  # the target, shown while it runs
-    so = dataclasses.replace(so, status=start.scaler_status[so.key])
+    so = dataclasses.replace(so, status=start.scaler_status[so.kind_name])
     b = job("j", maxReplicas=4, replicas=4)
     b["metadata"].update(
         namespace="ns", uid="u", annotations={"job-supervisor.kube-ai.io/job-suspended": "true"}
@@ -424,7 +426,7 @@ def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
     pods = [w(0), w(1), w(2, "Pending", False), w(3, "Pending", False), launcher()]
     plan = plan_job(inp(suspended, start.status, pods, [so]))
     assert plan.status["phase"] == "Suspended"
-    assert plan.scaler_status[so.key]["phase"] == "ScaleFailed"
+    assert plan.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
     assert plan.spec_replicas == 2
 
 
@@ -451,14 +453,14 @@ def test_a_script_that_outlives_the_timeout_never_undoes_the_scale_out() -> None
     manifest["spec"]["script"] = "/hooks/slow.sh"
     so = scaler(manifest)
     first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    so = dataclasses.replace(so, status=first.scaler_status[so.key])
+    so = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
     pods = [w(0), w(1), w(2), launcher()]
     joined = plan_job(inp(spec, first.status, pods, [so]))
     hosts = joined.hosts
     later = plan_job(
         inp(spec, joined.status, pods, [so], now=NOW + timedelta(seconds=30), published=hosts)
     )
-    assert later.scaler_status.get(so.key, so.status)["phase"] == "Scaling"
+    assert later.scaler_status.get(so.kind_name, so.status)["phase"] == "Scaling"
     assert later.delete_pods == [] and later.run_scripts, later
     reported = dict(so.status, conditions=[*so.status["conditions"], {
         "type": "ScriptExecuted", "status": "False", "reason": "ScriptFailed",
@@ -467,7 +469,7 @@ def test_a_script_that_outlives_the_timeout_never_undoes_the_scale_out() -> None
     done = plan_job(
         inp(spec, later.status, pods, [so], now=NOW + timedelta(seconds=31), published=hosts)
     )
-    assert done.scaler_status[so.key]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
 
 
 def test_workers_that_cannot_run_are_said_on_the_job() -> None:
@@ -492,10 +494,10 @@ def test_a_scale_in_that_waits_says_for_what() -> None:
     spec = jspec(minReplicas=1)
     si = scaler(scalein("shrink", "j", count=1))
     start = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [si]))
-    si = dataclasses.replace(si, status=start.scaler_status[si.key])
+    si = dataclasses.replace(si, status=start.scaler_status[si.kind_name])
     pods = [w(0), w(1, busy=True), launcher()]
     plan = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
-    cond = next(c for c in plan.scaler_status[si.key]["conditions"] if c["type"] == "Scaling")
+    cond = next(c for c in plan.scaler_status[si.kind_name]["conditions"] if c["type"] == "Scaling")
     assert cond["reason"] == "Draining" and "j-worker-1" in cond["message"]
     assert "60s timeout" in cond["message"]
 
@@ -509,7 +511,7 @@ def _script_scale_out(
     manifest["spec"]["script"] = "/hooks/notify.sh"
     so = scaler(manifest)
     first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    status = dict(first.scaler_status[so.key])
+    status = dict(first.scaler_status[so.kind_name])
     if started is not None:
         status["conditions"] = [*status["conditions"], {
             "type": "ScriptExecuted", "status": "Unknown", "reason": "ScriptRunning",
@@ -529,12 +531,12 @@ def test_a_script_that_may_still_run_is_not_started_again() -> None:
         inp(spec, status, pods, [so], now=NOW + timedelta(seconds=10), published=hosts)
     )
     assert early.run_scripts == []
-    assert early.scaler_status.get(so.key, so.status)["phase"] == "Scaling"
+    assert early.scaler_status.get(so.kind_name, so.status)["phase"] == "Scaling"
     late = plan_job(inp(spec, status, pods, [so], now=NOW + timedelta(seconds=40), published=hosts))
-    assert [key for key, _, _ in late.run_scripts] == [so.key]
+    assert [key for key, _, _ in late.run_scripts] == [so.kind_name]
     spec, status, so, pods = _script_scale_out(None)
     fresh = plan_job(inp(spec, status, pods, [so], published=status["currentWorkers"]))
-    assert [key for key, _, _ in fresh.run_scripts] == [so.key]
+    assert [key for key, _, _ in fresh.run_scripts] == [so.kind_name]
 
 
 def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:

@@ -89,7 +89,7 @@ class World:
         body = (scaleout if made["kind"] == "ScaleOut" else scalein)(made["name"], "j", 1)
         body["spec"] = {**body["spec"], **made["spec"]}
         sc = scaler(body, created=f"2026-01-01T12:{len(self.made):02d}:00Z")
-        self.scalers[sc.key] = dataclasses.replace(sc, made_for=made["generation"])
+        self.scalers[sc.kind_name] = dataclasses.replace(sc, made_for=made["generation"])
         self.made.append(made["name"])
 
     def settle(self) -> None:
@@ -112,7 +112,7 @@ def world(n: int, *scalers: ScalerView) -> World:
         replicas=n,
         status=running_status(list(range(n))),
         pods={f"j-worker-{i}": w(i, busy=False) for i in range(n)},  # Horovod leaves at once
-        scalers={s.key: s for s in scalers},
+        scalers={s.kind_name: s for s in scalers},
         published=[f"j-worker-{i}" for i in range(n)],
     )
 
@@ -183,7 +183,7 @@ def test_a_failed_kubectl_scale_gives_back_the_real_size() -> None:
     (made,) = [s for s in wd.scalers.values() if s.made_for]
     wd.tick = 100_000
     wd.settle()
-    assert wd.scalers[made.key].phase == "ScaleFailed"
+    assert wd.scalers[made.kind_name].phase == "ScaleFailed"
     assert wd.replicas == 2 and len(wd.members()) == 2
     wd.set_replicas(3)  # asking again is a new request
     wd.act()
