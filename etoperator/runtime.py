@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 
 RESYNC = 60.0
 MAX_BACKOFF = 60.0
+# A job's passes start at least this far apart: a burst of events (a pod's status, its
+# endpoints, the next pod's) becomes one pass and one status write, while a lone event after a
+# quiet spell still starts its pass at once.
+GAP = 0.1
 
 
 @dataclass
@@ -39,6 +43,7 @@ class Runtime:
     leading: asyncio.Event | None = None  # set while this replica holds the Lease (None: alone)
     known: set[JobRef] = field(default_factory=set)  # every job seen, leading or not
     resync: float = RESYNC  # a pass at least this often (reading caches: it costs no request)
+    gap: float = GAP  # passes of one job at most this often
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
@@ -94,6 +99,7 @@ class Runtime:
         kick = self.kicks[ref]
         while True:
             kick.clear()
+            started = loop.time()
             try:
                 # Read in the event loop, where the caches change; the pass owns its copy.
                 obs = self.observe(*ref) if self.observe is not None else None
@@ -121,6 +127,8 @@ class Runtime:
                 log.exception("Reconcile raised namespace=%s job=%s retry_in=%.1fs", *ref, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(kick.wait(), timeout=min(delay, self.resync))
+            # What arrives meanwhile joins this pass (kick is cleared only when it starts).
+            await asyncio.sleep(max(0.0, started + self.gap - loop.time()))
 
     def set_phase(self, ref: JobRef, phase: str) -> None:
         if self.phases.get(ref) != phase:

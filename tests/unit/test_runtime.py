@@ -1,0 +1,79 @@
+"""A job's loop: a burst of events becomes one pass; a lone event starts its pass at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, cast
+
+from etoperator.cache import Observed
+from etoperator.reconcile.job import JobReconciler
+from etoperator.reconcile.state import Next
+from etoperator.runtime import Runtime
+
+REF = ("ns", "job")
+
+
+class Passes:
+    """Stands in for the reconciler: notes when each pass began (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def reconcile(self, obs: Observed) -> Next:
+        self.at.append(time.monotonic())
+        return Next(60.0, "nothing to do")
+
+    def forget(self, *ref: Any) -> None:
+        pass
+
+
+async def _run(scenario: Any) -> list[float]:
+    passes = Passes()
+    rt = Runtime(cast(JobReconciler, passes), workers=1)
+    rt.observe = lambda ns, name: cast(Observed, object())
+    rt.start(REF)
+    try:
+        await scenario(rt, passes)
+    finally:
+        rt.forget(REF)
+    return passes.at
+
+
+async def _until(cond: Any, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
+
+
+def test_a_burst_of_events_is_one_pass_a_gap() -> None:
+    burst: list[float] = []  # when the kicks began and ended
+
+    async def kicks(rt: Runtime, passes: Passes) -> None:
+        await _until(lambda: len(passes.at) == 1)  # the first pass, at start
+        burst.append(time.monotonic())
+        for _ in range(100):  # a pod's status, its endpoints, the next pods'...
+            rt.kick(REF)
+            await asyncio.sleep(0.001)
+        burst.append(time.monotonic())
+        await _until(lambda: passes.at[-1] > burst[1])  # the last kick's pass
+        await asyncio.sleep(2 * rt.gap)  # a further pass would have begun by now
+
+    at = asyncio.run(_run(kicks))
+    gaps = max(1, round((burst[1] - burst[0]) / 0.1))
+    assert len(at) - 1 <= gaps + 1, f"{len(at) - 1} passes for 100 kicks in {gaps} gaps"
+    # (each start as the pool thread saw it: a few ms after the loop asked)
+    assert all(b - a >= 0.1 - 0.03 for a, b in zip(at, at[1:], strict=False)), at
+
+
+def test_a_lone_event_after_quiet_starts_its_pass_at_once() -> None:
+    async def lone(rt: Runtime, passes: Passes) -> None:
+        await _until(lambda: len(passes.at) == 1)
+        await asyncio.sleep(2 * rt.gap)
+        kicked = time.monotonic()
+        rt.kick(REF)
+        await _until(lambda: len(passes.at) == 2)
+        assert passes.at[1] - kicked < 0.05
+
+    asyncio.run(_run(lone))
