@@ -2,7 +2,12 @@
 # Builds Horovod 0.28.1 (CPU, Gloo, no MPI) for torch 2.13.0 and caches the wheel.
 #
 # Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, and turns
-# CUDA on whenever nvcc is found; both are patched here. A cached wheel makes reruns instant.
+# CUDA on whenever nvcc is found; both are patched here. One behaviour is changed: once a Gloo
+# context is connected, its operations wait HOROVOD_GLOO_OP_TIMEOUT_SECONDS (default 5) for a
+# peer instead of the rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, 30): when a worker dies,
+# the ranks waiting on a survivor that stopped answering fail within seconds and the elastic
+# reset follows, while a new worker still has the rendezvous timeout to start.
+# The wheel is cached under this script's hash: an edit here builds a new one.
 #
 # Usage: hack/build-horovod.sh [PYTHON]   (PYTHON: an interpreter that already has torch 2.13.0)
 # Prints the path of the wheel on its last line. HOROVOD_GPU=nccl builds for GPUs instead (in a
@@ -15,7 +20,8 @@ VERSION=0.28.1
 CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
 TORCH=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
 GPU=${HOROVOD_GPU:-}
-OUT="$CACHE/wheels/torch-$TORCH${GPU:+-$GPU}"
+BUILD=$(sha256sum "$0" | cut -c1-12)
+OUT="$CACHE/wheels/torch-$TORCH${GPU:+-$GPU}-$BUILD"
 mkdir -p "$OUT"
 
 existing=$(ls "$OUT"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)
@@ -39,6 +45,29 @@ src="$work/horovod-$VERSION"
 sed -i 's/^set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
 grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt"
+
+# Operations after the rendezvous: their own, shorter timeout.
+"$PY" - "$src/horovod/common/gloo/gloo_context.cc" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+op_timeout = """
+std::chrono::milliseconds GetOpTimeoutFromEnv() {
+  // How long a connected context's operations wait for a peer: a rank that stops answering
+  // (its peer died, its loop is resetting) fails the others this soon, not after the
+  // rendezvous timeout that a joining worker's start needs.
+  auto s = std::chrono::seconds(GetIntEnvOrDefault("HOROVOD_GLOO_OP_TIMEOUT_SECONDS", 5));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(s);
+}
+
+std::shared_ptr<gloo::Context> Rendezvous("""
+finalize = "  store->Finalize();\n  return context;\n"
+assert text.count("\nstd::shared_ptr<gloo::Context> Rendezvous(") == 1
+assert text.count(finalize) == 1
+text = text.replace("\nstd::shared_ptr<gloo::Context> Rendezvous(", op_timeout, 1)
+text = text.replace(finalize, "  store->Finalize();\n  context->setTimeout(GetOpTimeoutFromEnv());\n  return context;\n")
+open(path, "w").write(text)
+PATCH
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
 if [ "$GPU" = nccl ]; then
