@@ -300,7 +300,8 @@ def operator_requests(
 
 
 def operator_writes(c: Cluster | Hollow, start: float, end: float) -> Counter[str]:
-    """The operator's writes between two times by verb and resource (the audit log)."""
+    """The operator's writes between two times by verb and resource, and the refused ones by
+    their code (the audit log)."""
     from datetime import datetime
 
     got: dict[str, str] = {}
@@ -311,7 +312,9 @@ def operator_writes(c: Cluster | Hollow, start: float, end: float) -> Counter[st
         if start <= at < end:
             ref = ev.get("objectRef") or {}
             sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            got[str(ev["auditID"])] = f"{ev['verb']} {ref.get('resource', '?')}{sub}"
+            code = int((ev.get("responseStatus") or {}).get("code") or 0)
+            refused = f" ({code})" if code >= 300 else ""  # e.g. 409: already there
+            got[str(ev["auditID"])] = f"{ev['verb']} {ref.get('resource', '?')}{sub}{refused}"
     return Counter(got.values())
 
 
@@ -704,6 +707,7 @@ def kill_at(c: Chain, ns: str, tr: Training, position: int) -> float:
     c.kubectl("scale", "trainingjob", TOUR_JOB, "--replicas", "4", "-n", ns)
     t1 = time.time()
     wait_for(lambda: tr.first_step_at(4, t1), 180, "training at 4 workers again", 0.5)
+    assert t is not None
     return t - t0
 
 

@@ -37,6 +37,10 @@ class HollowNodes:
             name = self.name(i)
             kc = cp.user_kubeconfig(f"kubelet-{name}", f"system:node:{name}", ("system:nodes",))
             argv = [
+                # Lowest CPU priority: on a cluster, kubelets run on machines of their own and
+                # take nothing from the control plane and the operator; here they share 2 cores.
+                "nice",
+                "--adjustment=19",
                 str(cp.bin / "kubemark"),
                 "--morph=kubelet",
                 f"--name={name}",

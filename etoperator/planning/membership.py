@@ -31,6 +31,7 @@ def advance_run(d: Draft) -> None:
     lost = drop_lost(d, m, newcomers, victims, launched)
     if lost is None:
         return  # the job failed
+    shrunk = len(lost[0].members) < len(m.members)  # a lost worker not replaced
     m, broken = lost
     prune(d, m, start, victims)
     if active is not None and active.kind == naming.SCALEOUT_KIND:
@@ -47,7 +48,7 @@ def advance_run(d: Draft) -> None:
     d.plan.hosts = d.status.current_workers
     if d.status.phase in (st.RUNNING, st.SCALING):
         start_scalers(d)
-        follow_replicas(d)
+        follow_replicas(d, shrunk)
         d.status.phase = st.SCALING if d.status.current_scaler else st.RUNNING
     waiting = [d.workers.get(n) for n in d.status.target_workers]
     if any(not (w and w.ready) for w in waiting):

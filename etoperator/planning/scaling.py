@@ -210,14 +210,17 @@ def start_scalers(d: Draft) -> None:
         return
 
 
-def follow_replicas(d: Draft) -> None:
+def follow_replicas(d: Draft, shrunk: bool) -> None:
     """spec replicas follow the membership each scaler sets (so `kubectl get tj` shows the
-    target, and a failed scale gives back the real size); a change by anyone else is a
-    request, run as a scaler of the difference once the queue is empty."""
+    target, and a failed scale gives back the real size) and a lost worker that is not replaced
+    (`shrunk`: asking for the old size again is then a request, not a no-op); a change by
+    anyone else is a request, run as a scaler of the difference once the queue is empty."""
     request = replicas_request(d)
     if request is not None:
         take_request(d, request)
-    elif (d.observed.current_scaler or "") != (d.status.current_scaler or ""):
+    elif (d.observed.current_scaler or "") != (d.status.current_scaler or "") or (
+        shrunk and not d.status.current_scaler  # a running scaler follows at its end
+    ):
         d.follow_members(len(d.status.members))
 
 

@@ -515,6 +515,20 @@ def test_a_failed_kubectl_scale_gives_back_the_real_size(cluster: Cluster, ns: s
     assert spec_replicas(cluster, ns, "kf") == 3
 
 
+def test_a_lost_worker_gives_back_the_real_size(cluster: Cluster, ns: str) -> None:
+    """Not replaced (restartPolicy Never), a lost worker lowers spec replicas to what runs, so
+    `kubectl scale` (or an autoscaler) back to the old size is a request, not a no-op."""
+    cluster.create(job("lw", replicas=3, maxReplicas=4), ns)
+    running(cluster, ns, "lw", 3)
+    cluster.kubelet.finish(ns, "lw-worker-1", 137, reason="OOMKilled")
+    wait_for(lambda: cluster.hosts(ns, "lw") == ["lw-worker-0", "lw-worker-2"], 10, "unlisted")
+    wait_for(lambda: spec_replicas(cluster, ns, "lw") == 2, 10, "the real size given back")
+    cluster.kubectl("scale", "tj", "lw", "-n", ns, "--replicas", "3")
+    wait_for(lambda: len(cluster.hosts(ns, "lw")) == 3, 20, "scaled back to 3")
+    assert cluster.hosts(ns, "lw") == ["lw-worker-0", "lw-worker-2", "lw-worker-3"]
+    assert spec_replicas(cluster, ns, "lw") == 3
+
+
 def test_kubectl_scale_waits_out_a_scaler_squatting_on_its_name(cluster: Cluster, ns: str) -> None:
     cluster.create(job("sq", replicas=1, maxReplicas=4), ns)
     running(cluster, ns, "sq", workers=1)

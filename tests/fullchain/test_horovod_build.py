@@ -1,0 +1,71 @@
+"""The project's Horovod build, under plain `horovodrun` on this machine: a rank that stops
+answering fails its peers' Gloo operations within HOROVOD_GLOO_OP_TIMEOUT_SECONDS, not the
+rendezvous timeout (30 s), so an elastic job resets within seconds of losing a worker."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.fullchain
+
+# Rank 1 freezes itself (SIGSTOP: its sockets stay open, nothing more is sent); rank 0 reports
+# how long its next allreduce waited before it failed.
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    for step in range(1000):
+        if hvd.rank() == 1 and step == 20:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        last = time.monotonic()
+        try:
+            hvd.allreduce(torch.ones(4), name="x")
+        except Exception as exc:
+            print(f"FAILED after={time.monotonic() - last:.1f} {type(exc).__name__}", flush=True)
+            sys.exit(3)
+    """
+)
+
+
+def _run(tmp: Path, env: dict[str, str]) -> tuple[float, str]:
+    """(seconds rank 0's allreduce waited on the frozen rank, the output)."""
+    script = tmp / "freeze.py"
+    script.write_text(SCRIPT)
+    venv = Path(sys.executable).parent
+    cmd = [str(venv / "horovodrun"), "-np", "2", "-H", "localhost:2", sys.executable, str(script)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, **env, "PATH": f"{venv}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the frozen rank ignores everything else
+        proc.wait()
+    m = re.search(r"FAILED after=([\d.]+)", out)
+    assert m, out[-3000:]
+    return float(m[1]), out
+
+
+def test_a_frozen_rank_fails_its_peer_within_the_op_timeout(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    waited, out = _run(tmp_path, {})
+    assert waited < 10, f"waited {waited} s (the default op timeout is 5 s)\n{out[-2000:]}"
+    assert time.monotonic() - t0 < 60, out[-2000:]
+
+
+def test_the_op_timeout_is_the_users_to_set(tmp_path: Path) -> None:
+    waited, out = _run(tmp_path, {"HOROVOD_GLOO_OP_TIMEOUT_SECONDS": "2"})
+    assert waited < 4.5, f"waited {waited} s with a 2 s op timeout\n{out[-2000:]}"
