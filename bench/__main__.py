@@ -678,7 +678,7 @@ def kills(tmp: Path, rounds: int = 2) -> list[Row]:
     v = [t for _, t in took]
     by_pos = ", ".join(f"#{p} {t:.1f}" for p, t in took)
     return [
-        ("P4", f"worker killed (4 -> 3) -> first step at 3, {len(v)} kills at each ring position",
+        ("P4", f"worker killed (4 -> 3) -> first step at 3: {len(v)} kills, {rounds} a position",
          f"p50 {pct(v, 0.5):.2f}s, p95 {pct(v, 0.95):.2f}s, max {max(v):.2f}s", "<= 10 s at p95"),
         ("P4", "... each kill (host-list position: seconds)", by_pos, ""),
     ]  # fmt: skip
