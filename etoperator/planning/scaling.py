@@ -228,19 +228,23 @@ def replicas_request(d: Draft) -> int | None:
     """The spec replicas a user asked for and the operator has not taken up, if any.
 
     acceptedReplicas is the value accounted for. While the operator's own write of it may
-    not have landed, replicasBefore holds the value it replaces: seeing that value is our
-    write still to do (done again here), never a request, whatever crash came between."""
+    not have landed, replicasBefore holds the value it replaces: seeing that value at the
+    generation that status was written for is our write still to do (done again here), never a
+    request, whatever crash came between. At a later generation the spec changed since (our
+    write is preconditioned, so it lands only on that generation): the value is a request."""
     spec = d.spec.worker.replicas
     accepted = d.status.accepted_replicas
     if accepted is None or spec == accepted:
         d.accept_replicas(spec)
         return None
-    if spec == d.status.replicas_before:
+    ours = d.inp.generation == d.observed.observed_generation
+    if spec == d.status.replicas_before and ours:
         d.plan.spec_replicas = int(accepted)
         return None
     if any(sc.made_for == d.inp.generation and sc.owned for sc in d.inp.scalers):
         d.accept_replicas(spec)  # its scaler exists: the request is queued like any other
         return None
+    d.status.replicas_before = None  # a request: no write of ours is pending any more
     return spec
 
 

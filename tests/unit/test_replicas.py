@@ -188,3 +188,24 @@ def test_a_failed_kubectl_scale_gives_back_the_real_size() -> None:
     wd.set_replicas(3)  # asking again is a new request
     wd.act()
     assert len(wd.made) == 2
+
+
+def test_kubectl_scale_just_after_the_operators_own_write_is_a_request() -> None:
+    """The operator gives back the real size (2 of 3) and the user scales to 3 again before any
+    pass has seen the 2: the 3 equals the value the operator's write replaced, yet it is a
+    request, not that write still to do."""
+    wd = world(2)
+    wd.held.add("j-worker-2")  # never comes up
+    wd.set_replicas(3)
+    wd.act()  # makes the ScaleOut of 1
+    wd.act()  # starts it
+    wd.tick = 100_000
+    for _ in range(20):
+        wd.tick += 1
+        wd.act()
+        if wd.replicas == 2:
+            break
+    assert wd.replicas == 2  # the real size, given back
+    wd.set_replicas(3)  # before another pass
+    wd.settle()
+    assert wd.replicas == 3 and len(wd.made) == 2
