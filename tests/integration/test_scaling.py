@@ -29,9 +29,10 @@ def test_scale_out_by_count(cluster: Cluster, ns: str) -> None:
     st = settled(cluster, ns, SO, "grow", "ScaleSucceeded")
     assert st["addPods"] == ["so-worker-2", "so-worker-3"]
     assert cluster.hosts(ns, "so") == [f"so-worker-{i}" for i in range(4)]
-    jst = cluster.status(ns, "so")
-    assert jst["currentWorkers"] == cluster.hosts(ns, "so") and jst.get("currentScaler") == ""
-    assert cluster.job(ns, "so")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
+    # The scaler's status is written first, then the job's, then its spec replicas.
+    wait_for(lambda: cluster.status(ns, "so").get("currentScaler") == "", 5, "the job told")
+    assert cluster.status(ns, "so")["currentWorkers"] == cluster.hosts(ns, "so")
+    wait_for(lambda: spec_replicas(cluster, ns, "so") == 4, 5, "spec replicas at the new size")
     # The finished scale is told on the job as well as on the scaler.
     wait_for(lambda: any(
         e["reason"] == "ScaleSucceeded" and "ScaleOut grow" in e["message"]
@@ -447,7 +448,7 @@ def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> Non
     assert st["addPods"] == ["cf-worker-2"]
     assert cluster.pods(ns, "cf", "worker") == ["cf-worker-0", "cf-worker-1", "cf-worker-2"]
     assert cluster.status(ns, "cf")["lastWorkerIndex"] == 2
-    assert cluster.job(ns, "cf")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 3
+    wait_for(lambda: spec_replicas(cluster, ns, "cf") == 3, 5, "spec replicas at the new size")
 
 
 def test_worker_failure_during_a_scale(cluster: Cluster, ns: str) -> None:
