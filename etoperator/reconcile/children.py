@@ -23,7 +23,7 @@ from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
-from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, in_parallel, job_id
+from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, Writes, in_parallel, job_id
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class Children:
 
     kube: Kube
     keys: Keys
+    writes: Writes  # pods created, until the cache shows them
     pool: concurrent.futures.ThreadPoolExecutor  # independent creates go at once
     clock: Callable[[], datetime] = utcnow
     _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
@@ -166,6 +167,8 @@ class Children:
         try:
             self.kube.create(obj)
             log.info("Created %s namespace=%s name=%s", kind, obj["metadata"]["namespace"], name)
+            if kind == "Pod":
+                self.writes.made(obs.job, name)
             return True, []
         except AlreadyExists:
             existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
@@ -209,14 +212,19 @@ class Children:
             if svc_name not in existing_services
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
-        workers = [pods.worker_pod(spec, owner, i, secret, keys) for i in plan.create_workers]
+        unseen = self.writes.unseen(obs)
+        workers = [
+            pods.worker_pod(spec, owner, i, secret, keys)
+            for i in plan.create_workers
+            if naming.worker_name(name, i) not in unseen
+        ]
         found = in_parallel(
             self.pool, [partial(self.create_child, obs, obj) for obj in services + workers]
         )
         problems += [p for each in found for p in each]
         in_the_way = found[len(services) :]
         squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
-        if plan.create_launcher:
+        if plan.create_launcher and naming.launcher_name(name) not in unseen:
             launcher = pods.launcher_pod(
                 spec, owner, secret, keys, JobStatus.from_dict(plan.status).restart_count or 0
             )

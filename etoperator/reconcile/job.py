@@ -102,7 +102,7 @@ class JobReconciler:
                 16, "etoperator-ssh"
             ), ssh_checks, max_workers, tainted_nodes,
         )  # fmt: skip
-        children = Children(kube, keys, pool, clock)
+        children = Children(kube, keys, writes, pool, clock)
         scripts = Scripts(kube, writes, clock)
         return cls(kube, observer, children, scripts, writes, keys, pool, clock)
 

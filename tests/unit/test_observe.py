@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import pytest
 
 from etoperator.api.statuses import JobStatus
 from etoperator.cache import Observed
+from etoperator.reconcile import state
 from etoperator.reconcile.observe import (
     classify,
     probes_wanted,
@@ -89,8 +93,31 @@ def test_what_a_write_made_stale_is_forgotten_with_the_object() -> None:
     writes.wrote(scaler)
     writes.stale(observed(job))  # deleted: the job's view no longer has it
     writes.wrote(job)
+    writes.made(job, "j-worker-0")
     writes.forget("ns", "j")
     assert writes.count() == 0
+
+
+def test_a_pod_we_created_is_unseen_until_its_cache_shows_it() -> None:
+    writes = Writes()
+    job = body("TrainingJob", "j", "1")
+    writes.made(job, "j-worker-0")
+    writes.made(job, "j-worker-1")
+    seen = Observed(job, None, None, [pod("j-worker-0")], [], None, [])
+    assert writes.unseen(seen) == {"j-worker-1"}
+    assert writes.unseen(observed(job)) == {"j-worker-1"}  # shown once: forgotten
+    assert writes.unseen(observed(body("TrainingJob", "other", "1"))) == set()
+
+
+def test_a_pod_deleted_before_its_cache_saw_it_is_made_again_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writes = Writes()
+    job = body("TrainingJob", "j", "1")
+    writes.made(job, "j-worker-0")
+    later = time.monotonic() + state.MADE_UNSEEN + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    assert writes.unseen(observed(job)) == set() and writes.count() == 0
 
 
 def test_classify_tells_why_a_pending_pod_cannot_run() -> None:
