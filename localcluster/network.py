@@ -13,6 +13,7 @@ the namespaces) removes the routes with them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -23,6 +24,9 @@ from pathlib import Path
 SLOTS = 10
 NETNS_DIR = Path("/run/netns")
 LOCKS = Path("/run/etoperator-slots")
+# Set while /run/netns is a mount made by a local cluster's first `ip netns add` (on a machine
+# that had none): the last cluster to go unmounts it, leaving the machine as it found it.
+NETNS_OURS = LOCKS / "netns-mounted"
 
 
 def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
@@ -35,6 +39,45 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {res.stderr.strip()}")
     return res.stdout
+
+
+@contextlib.contextmanager
+def netns_lock() -> Iterator[None]:
+    """Held by whoever adds the first namespace or removes the last (slots run side by side)."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCKS / "netns.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def is_mount_point(path: Path) -> bool:
+    """From mountinfo: /run/netns is bound onto itself, which os.path.ismount cannot tell."""
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == str(path) for line in f)
+
+
+def add_netns(name: str) -> None:
+    with netns_lock():
+        if not is_mount_point(NETNS_DIR):
+            NETNS_OURS.write_text("" if NETNS_DIR.exists() else "created\n")
+        ip("netns", "add", name)
+
+
+def delete_netns(names: list[str]) -> None:
+    """Delete the namespaces; once none is left, undo what the first `ip netns add` did."""
+    with netns_lock():
+        for name in names:
+            ip("netns", "delete", name, check=False)
+        if not NETNS_OURS.exists() or (NETNS_DIR.exists() and any(NETNS_DIR.iterdir())):
+            return
+        if is_mount_point(NETNS_DIR):
+            subprocess.run(["umount", str(NETNS_DIR)], check=True)
+        if NETNS_OURS.read_text() and NETNS_DIR.exists():
+            NETNS_DIR.rmdir()
+        NETNS_OURS.unlink()
 
 
 def free_slots() -> Iterator[int]:
@@ -105,7 +148,7 @@ class Network:
     def add_node(self, n: int) -> str:
         """Node n's network namespace, wired to the bridge; returns its name."""
         ns, host_end = self.netns(n), f"{self.bridge}n{n}"
-        ip("netns", "add", ns)
+        add_netns(ns)
         ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
         ip("link", "set", host_end, "master", self.bridge, "up")
         ip("addr", "add", f"{self.node_ip(n)}/24", "dev", "eth0", netns=ns)
@@ -121,6 +164,6 @@ class Network:
         return ns
 
     def delete(self) -> None:
-        for path in sorted(NETNS_DIR.glob(f"{self.bridge}-n*")) if NETNS_DIR.exists() else []:
-            ip("netns", "delete", path.name, check=False)
+        mine = sorted(NETNS_DIR.glob(f"{self.bridge}-n*")) if NETNS_DIR.exists() else []
+        delete_netns([path.name for path in mine])
         ip("link", "delete", self.bridge, check=False)
