@@ -42,7 +42,7 @@ class Children:
 
     kube: Kube
     keys: Keys
-    writes: Writes  # pods created, until the cache shows them
+    writes: Writes  # pods created (or found existing), until the cache shows them
     pool: concurrent.futures.ThreadPoolExecutor  # independent creates go at once
     clock: Callable[[], datetime] = utcnow
     _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
@@ -172,7 +172,11 @@ class Children:
             return True, []
         except AlreadyExists:
             existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
-            if existing is None or is_controlled_by(existing, obs.job["metadata"]["uid"]):
+            if existing is None:
+                return False, []
+            if is_controlled_by(existing, obs.job["metadata"]["uid"]):
+                if kind == "Pod":  # ours and not in the cache yet: wait for it, ask no more
+                    self.writes.made(obs.job, name)
                 return False, []
             return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
