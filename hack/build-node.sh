@@ -34,7 +34,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/etoperator-node.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin/cni"
 start=$SECONDS
-echo "build-node: containerd $CONTAINERD, runc $RUNC, CNI $CNI, CoreDNS $COREDNS (cold: about 8 min)" >&2
+echo "build-node: containerd $CONTAINERD, runc $RUNC, CNI $CNI, CoreDNS $COREDNS (cold: about 2 min)" >&2
 
 # containerd without the storage drivers that need cgo or kernel headers we do not use.
 CGO_ENABLED=0 GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" \
