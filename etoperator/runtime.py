@@ -45,12 +45,20 @@ class Runtime:
     resync: float = RESYNC  # a pass at least this often (reading caches: it costs no request)
     gap: float = GAP  # passes of one job at most this often
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
+    _turns: asyncio.Semaphore | None = None
 
     @property
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, "etoperator-job")
         return self._pool
+
+    @property
+    def turns(self) -> asyncio.Semaphore:
+        """One turn per thread: a pass reads the caches only once a thread is free to act."""
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(self.workers)
+        return self._turns
 
     def has(self, ref: JobRef) -> bool:
         return ref in self.tasks
@@ -101,14 +109,16 @@ class Runtime:
             kick.clear()
             started = loop.time()
             try:
-                # Read in the event loop, where the caches change; the pass owns its copy.
-                obs = self.observe(*ref) if self.observe is not None else None
-                if obs is None:  # the job is gone
-                    self.tasks.pop(ref, None)
-                    self.kicks.pop(ref, None)
-                    self.reconciler.forget(*ref)
-                    return
-                nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
+                async with self.turns:
+                    # Read in the event loop, where the caches change, and only once a thread
+                    # is free: a view queued behind busy threads would miss what was made since.
+                    obs = self.observe(*ref) if self.observe is not None else None
+                    if obs is None:  # the job is gone
+                        self.tasks.pop(ref, None)
+                        self.kicks.pop(ref, None)
+                        self.reconciler.forget(*ref)
+                        return
+                    nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
                 delay = nxt.seconds
                 log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *ref, delay, nxt.why)
                 failures = 0

@@ -78,3 +78,36 @@ def test_a_lone_event_after_quiet_starts_its_pass_at_once() -> None:
         assert passes.at[1] - kicked < 0.05
 
     asyncio.run(_run(lone))
+
+
+def test_a_pass_acts_on_what_the_caches_show_when_it_starts() -> None:
+    """With every thread busy, a job's pass waits; the view it acts on is read when it runs.
+
+    A view read first and queued behind slow passes is stale by the time it is acted on:
+    under load (hundreds of jobs starting) it missed the pods the job had already made, which
+    were then made again and refused with a 409 each.
+    """
+    ages: dict[str, float] = {}
+
+    class Slow(Passes):
+        def reconcile(self, obs: Observed) -> Next:
+            name, read_at = cast(tuple[str, float], obs)
+            ages[name] = time.monotonic() - read_at
+            if name == "slow":
+                time.sleep(0.5)  # holds the only thread
+            return Next(60.0, "nothing to do")
+
+    async def scenario() -> None:
+        rt = Runtime(cast(JobReconciler, Slow()), workers=1)
+        rt.observe = lambda ns, name: cast(Observed, (name, time.monotonic()))
+        rt.start(("ns", "slow"))
+        await asyncio.sleep(0.05)  # the slow pass holds the thread
+        rt.start(("ns", "next"))
+        try:
+            await _until(lambda: "next" in ages)
+        finally:
+            rt.forget(("ns", "slow"))
+            rt.forget(("ns", "next"))
+
+    asyncio.run(scenario())
+    assert ages["next"] < 0.1, f"the pass acted on a view {ages['next']:.2f} s old"
