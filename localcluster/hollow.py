@@ -8,6 +8,8 @@ pods to them."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,12 @@ from localcluster.controlplane import ControlPlane
 # second, 500 pods on a node take a minute to show Running. A real node's kubelet is as limited,
 # but it has far fewer pods.
 API_QPS = 100
+# kubemark keeps a node's files (tens of MB) and its fake runtime's socket in /tmp, whatever
+# TMPDIR says, and never removes them: stop does, reading both paths from the node's log (the
+# socket's is logged by the runtime client, at level 3 only: raised for that file alone).
+LEFT_BEHIND = re.compile(
+    rb"Using (/tmp/hollow-kubelet\.\d+) as root dir|endpoint=\"unix://(/tmp/kubelet_remote_\d+\.sock)\""
+)
 
 
 @dataclass
@@ -52,6 +60,7 @@ class HollowNodes:
                 f"--kube-api-qps={API_QPS}",
                 f"--kube-api-burst={2 * API_QPS}",
                 "--v=0",
+                "--vmodule=remote_runtime=3",
             ]
             self.procs.append(procs.spawn(argv, self.dir / f"{name}.log", cwd=self.dir))
         return self
@@ -63,3 +72,10 @@ class HollowNodes:
         for p in self.procs:
             procs.stop(p)
         self.procs.clear()
+        for log in self.dir.glob("*.log"):
+            for match in LEFT_BEHIND.finditer(log.read_bytes()):
+                path = Path((match[1] or match[2]).decode())
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)

@@ -1,0 +1,37 @@
+"""Hollow nodes (the benchmarks' kubemark nodes) leave nothing behind on the machine."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from localcluster.hollow import HollowNodes
+from tests.harness import Cluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def machine_tmp() -> set[str]:
+    """What kubemark would leave in the machine's temporary directory: a directory per node
+    (tens of MB each) and the fake runtime's sockets."""
+    tmp = Path(tempfile.gettempdir())
+    return {p.name for p in (*tmp.glob("hollow-kubelet.*"), *tmp.glob("kubelet_remote_*.sock"))}
+
+
+def ready(cluster: Cluster, name: str) -> bool:
+    path = '{.status.conditions[?(@.type=="Ready")].status}'
+    out = cluster.kubectl("get", "node", name, "-o", f"jsonpath={path}", check=False)
+    return out.stdout == "True"
+
+
+def test_a_hollow_node_leaves_no_files_behind(cluster: Cluster, tmp_path: Path) -> None:
+    before = machine_tmp()
+    nodes = HollowNodes(tmp_path / "hollow", 1).start(cluster.cp)
+    try:
+        wait_for(lambda: ready(cluster, HollowNodes.name(0)), 60, "the hollow node Ready")
+    finally:
+        nodes.stop()
+        cluster.kubectl("delete", "node", HollowNodes.name(0), "--wait=false", check=False)
+    assert machine_tmp() - before == set()
