@@ -101,12 +101,18 @@ def example(name: str) -> dict[str, Any]:
 SAMPLES_MOUNT = "/samples"
 
 
-def manifest(epochs: int, samples: Path | None = None) -> dict[str, Any]:
+FIXED_HOSTS = "/tmp/fixed_hosts.sh"
+
+
+def manifest(epochs: int, samples: Path | None = None, fixed: bool = False) -> dict[str, Any]:
     """The example job with its epochs set and, for the tests, the sample log on: the workers
-    (where the ranks run) write it to a hostPath volume, this machine's directory `samples`."""
+    (where the ranks run) write it to a hostPath volume, this machine's directory `samples`.
+    With `fixed`, the launcher reads a script of its own that always lists the two workers
+    instead of the operator's: the same launch in the same containers, without discovery."""
     doc = example(EXAMPLE)
     specs = doc["spec"]["etReplicaSpecs"]
-    cmd = specs["launcher"]["template"]["spec"]["containers"][0]["command"]
+    container = specs["launcher"]["template"]["spec"]["containers"][0]
+    cmd = container["command"]
     cmd[cmd.index("--epochs") + 1] = str(epochs)
     if samples is not None:
         samples.mkdir(parents=True, exist_ok=True)
@@ -118,6 +124,11 @@ def manifest(epochs: int, samples: Path | None = None) -> dict[str, Any]:
         worker["containers"][0].setdefault("volumeMounts", []).append(
             {"name": "samples", "mountPath": SAMPLES_MOUNT}
         )
+    if fixed:
+        cmd[cmd.index("--host-discovery-script") + 1] = FIXED_HOSTS
+        hosts = "".join(f"echo {JOB}-worker-{i}:1\\n" for i in range(2))
+        write = f"printf '#!/bin/sh\\n{hosts}' > {FIXED_HOSTS} && chmod +x {FIXED_HOSTS}"
+        container["command"] = ["sh", "-c", f'{write} && exec "$@"', "sh", *cmd]
     return doc
 
 
@@ -137,8 +148,8 @@ class Elastic:
     def run(self) -> Run:
         return Run(self.log())
 
-    def create(self, epochs: int, samples: Path | None) -> None:
-        out = self.c.kubectl_create(self.ns, manifest(epochs, samples))
+    def create(self, epochs: int, samples: Path | None, fixed: bool = False) -> None:
+        out = self.c.kubectl_create(self.ns, manifest(epochs, samples, fixed))
         assert out.returncode == 0, out.stderr
         wait_for(lambda: self.run().first_epoch_at(2, 0), 180, "an epoch on 2 workers", 0.2)
 
