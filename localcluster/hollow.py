@@ -8,6 +8,7 @@ pods to them."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -24,6 +25,10 @@ API_QPS = 100
 # kubemark keeps a node's files (tens of MB) and its fake runtime's socket in /tmp, whatever
 # TMPDIR says, and never removes them: stop does, reading both paths from the node's log (the
 # socket's is logged by the runtime client, at level 3 only: raised for that file alone).
+# A hollow kubelet runs in this machine's network namespace, where the kubelet would add its
+# iptables chains (KUBE-FIREWALL in INPUT and OUTPUT, canaries) and leave them: without
+# iptables on its PATH it skips them, as on an nftables-only host. It needs no other tool.
+PATH = "/usr/local/bin:/usr/bin:/bin"
 LEFT_BEHIND = re.compile(
     rb"Using (/tmp/hollow-kubelet\.\d+) as root dir|endpoint=\"unix://(/tmp/kubelet_remote_\d+\.sock)\""
 )
@@ -62,7 +67,8 @@ class HollowNodes:
                 "--v=0",
                 "--vmodule=remote_runtime=3",
             ]
-            self.procs.append(procs.spawn(argv, self.dir / f"{name}.log", cwd=self.dir))
+            env = {**os.environ, "PATH": PATH}
+            self.procs.append(procs.spawn(argv, self.dir / f"{name}.log", env, cwd=self.dir))
         return self
 
     def running(self) -> bool:

@@ -1,7 +1,9 @@
-"""Hollow nodes (the benchmarks' kubemark nodes) leave nothing behind on the machine."""
+"""Hollow nodes (the benchmarks' kubemark nodes) leave nothing behind on the machine: no files,
+no iptables chains (they run in the machine's own network namespace)."""
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,6 +22,13 @@ def machine_tmp() -> set[str]:
     return {p.name for p in (*tmp.glob("hollow-kubelet.*"), *tmp.glob("kubelet_remote_*.sock"))}
 
 
+def firewall() -> list[str]:
+    """The machine's iptables chains and rules, every table, both families."""
+    saved = [subprocess.run([cmd], capture_output=True, text=True, check=True).stdout
+             for cmd in ("iptables-save", "ip6tables-save")]  # fmt: skip
+    return [line for text in saved for line in text.splitlines() if line[:1] in ":-"]
+
+
 def ready(cluster: Cluster, name: str) -> bool:
     path = '{.status.conditions[?(@.type=="Ready")].status}'
     out = cluster.kubectl("get", "node", name, "-o", f"jsonpath={path}", check=False)
@@ -27,7 +36,7 @@ def ready(cluster: Cluster, name: str) -> bool:
 
 
 def test_a_hollow_node_leaves_no_files_behind(cluster: Cluster, tmp_path: Path) -> None:
-    before = machine_tmp()
+    before, rules = machine_tmp(), firewall()
     nodes = HollowNodes(tmp_path / "hollow", 1).start(cluster.cp)
     try:
         wait_for(lambda: ready(cluster, HollowNodes.name(0)), 60, "the hollow node Ready")
@@ -35,3 +44,4 @@ def test_a_hollow_node_leaves_no_files_behind(cluster: Cluster, tmp_path: Path) 
         nodes.stop()
         cluster.kubectl("delete", "node", HollowNodes.name(0), "--wait=false", check=False)
     assert machine_tmp() - before == set()
+    assert firewall() == rules
