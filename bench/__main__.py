@@ -173,12 +173,6 @@ def gone(name: str, listing: Callable[[], list[str]]) -> bool:
     return bool(hosts) and name not in hosts
 
 
-def failed(c: World, ns: str, pod: str) -> float:
-    """Now, once the pod is seen Failed (0.0 before)."""
-    phase = ((c.api.get("Pod", ns, pod) or {}).get("status") or {}).get("phase")
-    return time.monotonic() if phase == "Failed" else 0.0
-
-
 def p1_p2_p3(tmp: Path, rounds: int) -> list[Row]:
     """On real nodes, the operator deployed: a 3-worker job (workers with a real sshd, the
     launcher idle: the figures are the operator's), each worker's start and each host list
@@ -230,7 +224,7 @@ def p1_round(c: Chain, ns: str, disc: Callable[[], list[str]]) -> float:
     drops it; then the job is scaled back to 3 workers."""
     victim = c.hosts(ns, "b")[0]
     c.kill(ns, victim)
-    seen = wait_for(partial(failed, c, ns, victim), 60, "the victim Failed", 0.01)
+    seen = wait_for(partial(in_phase, c, ns, [victim], "Failed"), 60, "the victim Failed", 0.01)
     wait_for(partial(gone, victim, disc), 30, "discovery to drop it", 0.01)
     took = time.monotonic() - seen
     wait_for(lambda: c.job(ns, "b")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2, 30)
@@ -245,7 +239,7 @@ def p2_p3_round(c: Chain, ns: str, tl: Timeline, i: int) -> tuple[float, float, 
     grow, shrink = f"so-{i}", f"si-{i}"
     t0 = time.monotonic()
     c.create(scaleout(grow, "b", 1), ns)
-    wait_for(lambda: c.phase(ns, grow, "ScaleOut") == "ScaleSucceeded", 60, "ScaleSucceeded")
+    wait_for(partial(tl.seen, ("ScaleSucceeded", grow)), 60, "ScaleSucceeded")
     (name,) = c.status(ns, grow, "ScaleOut").get("addPods") or [""]
     wait_for(partial(tl.seen, ("listed", name), ("running", name)), 10, "seen listed")
     raw, net = tl.at["listed", name] - t0, tl.at["listed", name] - tl.at["running", name]
@@ -827,13 +821,13 @@ def p10_round(c: Chain, ns: str, name: str) -> tuple[float, float, float]:
     t0 = time.monotonic()
     c.create(on_real_nodes(job(name, replicas=2, maxReplicas=3)), ns)
     workers = [f"{name}-worker-{i}" for i in range(2)]
-    up = wait_for(lambda: all_running(c, ns, workers), 120, "workers Running", 0.05)
+    up = wait_for(lambda: in_phase(c, ns, workers), 120, "workers Running", 0.05)
     wait_for(lambda: c.api.get("Pod", ns, f"{name}-launcher"), 60, "the launcher", 0.05)
     launch = time.monotonic() - max(t0, up)
     t1 = time.monotonic()
     c.create(scaleout(f"{name}-grow", name, 1), ns)
     new = f"{name}-worker-2"
-    up = wait_for(lambda: all_running(c, ns, [new]), 60, "the new worker Running", 0.05)
+    up = wait_for(lambda: in_phase(c, ns, [new]), 60, "the new worker Running", 0.05)
     wait_for(lambda: new in c.hosts(ns, name), 60, "the new host listed", 0.05)
     listed = time.monotonic() - max(t1, up)
     grow = f"{name}-grow"
@@ -852,10 +846,10 @@ def on_real_nodes(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def all_running(c: Chain, ns: str, pods: list[str]) -> float:
-    """Now, if every pod is Running (0.0 while one is not)."""
+def in_phase(c: World, ns: str, pods: list[str], phase: str = "Running") -> float:
+    """Now, if every pod is in `phase` (0.0 while one is not)."""
     phases = [((c.api.get("Pod", ns, p) or {}).get("status") or {}).get("phase") for p in pods]
-    return time.monotonic() if all(ph == "Running" for ph in phases) else 0.0
+    return time.monotonic() if all(ph == phase for ph in phases) else 0.0
 
 
 def main() -> int:
