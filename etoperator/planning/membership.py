@@ -24,8 +24,8 @@ SSH_RETRY = 0.2  # seconds between probes of a worker whose container runs but s
 def advance_run(d: Draft) -> None:
     start = int(d.status.run_start_index if d.status.run_start_index is not None else 0)
     m, active = read_members(d)
-    launcher = drop_old_run(d, start)
     launched = st.is_true(d.status.conditions or [], "LauncherCreated")
+    launcher = drop_old_run(d, start, launched)
     newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
     victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
     lost = drop_lost(d, m, newcomers, victims, launched)
@@ -71,13 +71,16 @@ def read_members(d: Draft) -> tuple[Members, ScalerView | None]:
     return m, active
 
 
-def drop_old_run(d: Draft, start: int) -> PodView | None:
-    """Pods of earlier runs go; the launcher of this run, if there is one."""
+def drop_old_run(d: Draft, start: int, launched: bool) -> PodView | None:
+    """Pods of earlier runs go; the launcher of this run, if there is one. A launcher going
+    away before this run saw one of its own is an earlier run's (one deleted at a suspension
+    and still terminating: a resumed run keeps its restart count)."""
     for pod in d.workers.values():
         if pod.index is not None and pod.index < start:
             d.delete(pod.name)
     launcher = d.launcher
-    if launcher is not None and launcher.run != (d.status.restart_count or 0):
+    earlier = launcher is not None and launcher.deleting and not launched
+    if launcher is not None and (earlier or launcher.run != (d.status.restart_count or 0)):
         d.delete(launcher.name)
         d.come_back("the launcher of an earlier run goes")
         return None

@@ -549,3 +549,23 @@ def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:
     assert starting.requeue <= 0.2
     pending = plan_job(inp(spec, first.status, [w(0), w(1, "Pending", False)]))
     assert pending.requeue == 1.0
+
+
+def test_the_launcher_of_the_run_before_a_suspension_is_not_the_resumed_runs() -> None:
+    """Resumed, the job starts afresh while the launcher deleted at the suspension is still
+    terminating (a real kubelet takes a moment): that launcher is not this run's, so it is
+    neither "created" nor lost, and the new one comes once it is gone."""
+    b = job("j")
+    b["metadata"].update(
+        namespace="ns", uid="u", annotations={"job-supervisor.kube-ai.io/job-suspended": "true"}
+    )
+    suspended = plan_job(inp(parse_job(b), running_status([0, 1]), [w(0), w(1), launcher()]))
+    assert suspended.status["phase"] == "Suspended"
+    old = launcher(deleting=True)
+    resumed = plan_job(inp(jspec(), suspended.status, [old]))
+    assert resumed.status["phase"] == "Created" and resumed.create_workers == [2, 3]
+    assert not any(e.reason in ("LauncherLost", "LauncherCreated") for e in resumed.events)
+    ready = plan_job(inp(jspec(), resumed.status, [w(2), w(3), old]))
+    assert ready.status["phase"] == "Created" and not ready.create_launcher
+    gone = plan_job(inp(jspec(), ready.status, [w(2), w(3)]))
+    assert gone.create_launcher and gone.status["phase"] == "Created"
