@@ -178,7 +178,8 @@ class RealNode:
         self.store_root.mkdir(parents=True, exist_ok=True)
         cni = self.dir / "cni"
         cni.mkdir(exist_ok=True)
-        (cni / "10-bridge.conflist").write_text(json.dumps(cni_config(self.net, self.n), indent=1))
+        conflist = cni_config(self.net, self.n, self.dir / "ipam")
+        (cni / "10-bridge.conflist").write_text(json.dumps(conflist, indent=1))
         self._spawn("containerd", [str(self.bins.node / "containerd"), "--config", str(cfg)])
         procs.wait_until(
             lambda: self.sock.exists() and self.ctr("version", check=False).returncode == 0,
@@ -412,7 +413,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
 """
 
 
-def cni_config(net: Network, n: int) -> dict[str, object]:
+def cni_config(net: Network, n: int, ipam_dir: Path) -> dict[str, object]:
+    """The node's pod network. Its addresses are handed out from a store of its own: in a store
+    shared by nodes (the plugin's default, in this machine's /var/lib/cni) each node found the
+    other's last address, started again from the bottom of its range and gave a new pod the
+    address of one just deleted, which the node still reached at the old pod's MAC for ~40 s."""
     return {
         "cniVersion": "1.0.0",
         "name": "etoperator-local",
@@ -427,7 +432,7 @@ def cni_config(net: Network, n: int) -> dict[str, object]:
                     "type": "host-local",
                     "ranges": [[{"subnet": net.pod_cidr(n)}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
-                    "dataDir": "",
+                    "dataDir": str(ipam_dir),
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}},
