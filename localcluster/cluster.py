@@ -2,10 +2,10 @@
 and the operator.
 
 Nodes are real (`nodes=N`: containerd + kubelet + kube-proxy each, kube-scheduler, CoreDNS;
-nodes.py) or, for the tiers that inject faults between the operator and the apiserver, the
-simulated kubelet (`make_kubelet`). The operator runs as users run it (`deploy=True`: the
-Deployment of deploy/ with the image built from deploy/Dockerfile) or as a process of this
-machine under its ServiceAccount's token (when a test stands between it and the apiserver)."""
+nodes.py) or, for the benchmarks of thousands of pods, kubemark's hollow nodes (`hollow=N`).
+The operator runs as users run it (`deploy=True`: the Deployment of deploy/ with the image built
+from deploy/Dockerfile) or as a process of this machine under its ServiceAccount's token (when a
+test stands between it and the apiserver, or kills and restarts it)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 from localcluster import procs
 from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.hollow import HollowNodes
-from localcluster.kubelet import Kubelet
 from localcluster.network import SLOTS, Network, claim_slot, free_slots
 from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
 from localcluster.nodes import Nodes, wait_ready
@@ -117,17 +116,15 @@ def last_cluster_stopped() -> None:
 @dataclass
 class LocalCluster:
     dir: Path
-    make_kubelet: Callable[[ControlPlane], Kubelet] | None = None  # simulated nodes
     ssh_port: int = 22
     operator_args: list[str] = field(default_factory=list)
     api_port: int = 0
-    nodes: int = 0  # real nodes (instead of make_kubelet)
+    nodes: int = 0  # real nodes
     hollow: int = 0  # hollow nodes (kubemark), with room for `max_pods` pods each
     max_pods: int = 110
     deploy: bool = False  # the operator from deploy/ (real nodes only)
     progress: Callable[[str], None] = lambda _: None
     cp: ControlPlane | None = None
-    kubelet: Kubelet | None = None
     real: Nodes | None = None
     hollow_nodes: HollowNodes | None = None
     operator: OperatorProcess | None = None
@@ -182,11 +179,6 @@ class LocalCluster:
             self.hollow_nodes.start(self.cp)
             wait_ready(self.kubectl, self.hollow, timeout=120)
             self.progress(f"{self.hollow} hollow node(s) Ready")
-        else:
-            assert self.make_kubelet is not None
-            self.kubelet = self.make_kubelet(self.cp)
-            self.kubelet.start()
-            self.progress("kubelet up")
         if operator and self.deploy:
             self.deploy_operator()
         elif operator:
@@ -267,8 +259,6 @@ class LocalCluster:
     def stop(self) -> None:
         if self.operator is not None:
             self.operator.stop()
-        if self.kubelet is not None:
-            self.kubelet.stop()
         if self.hollow_nodes is not None:
             self.hollow_nodes.stop()
         if self.real is not None:

@@ -1,8 +1,9 @@
 """Shared test plumbing: the local cluster (control plane, nodes, operator) and waiting.
 
-Two shapes: `Cluster` (the integration tier: the simulated kubelet, and the operator as a process
-behind the fault proxy) and `Chain` (the full chain: real nodes, the operator deployed from
-deploy/). Both read and write the world through `World`."""
+Three shapes, all on the real control plane: `Cluster` (the integration tier: real nodes, the
+operator as a process behind the fault proxy), `Chain` (the full chain: real nodes, the operator
+deployed from deploy/) and `Hollow` (kubemark's hollow nodes, for the benchmarks of thousands of
+pods). They read and write the world through `World`."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from etoperator import kube, naming
 from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
 from localcluster.hollow import HollowNodes
-from localcluster.kubelet import Kubelet
 from tests.faultproxy import FaultProxy
+from tests.support.manifests import EXIT_FILE, REFUSED_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -52,21 +53,21 @@ def wait_for(
         time.sleep(interval)
 
 
-def start_cluster(
-    tmp: Path,
-    make_kubelet: Callable[[ControlPlane], Kubelet],
-    ssh_port: int,
-    extra: list[str] | None = None,
-) -> Cluster:
-    """The real control plane, the simulated kubelet, and the operator as a real process, on
-    this machine. The operator reaches the apiserver through a fault proxy (tests/faultproxy.py)."""
-    local = LocalCluster(tmp, make_kubelet, ssh_port, operator_args=list(extra or []))
-    local.start(operator=False)
-    assert local.cp is not None and local.kubelet is not None
-    proxy = FaultProxy(local.cp).start()
-    operator = local.start_operator(proxy.url)
+def start_cluster(tmp: Path, nodes: int, extra: list[str] | None = None) -> Cluster:
+    """The real control plane, real nodes, and the operator as a process of this machine under
+    its deploy/ RBAC, reaching the apiserver through a fault proxy (tests/faultproxy.py) and
+    the pods over the nodes' network, as it would from inside the cluster."""
+    local = LocalCluster(tmp, nodes=nodes, operator_args=list(extra or []))
+    try:
+        local.start(operator=False)
+        assert local.cp is not None
+        proxy = FaultProxy(local.cp).start()
+        operator = local.start_operator(proxy.url)
+    except BaseException:
+        local.stop()
+        raise
     api = kube.Kube(kube.load_config(str(local.kubeconfig)))
-    return Cluster(local, local.kubeconfig, api, local.cp, local.kubelet, operator, proxy)
+    return Cluster(local, local.kubeconfig, api, local.cp, operator, proxy)
 
 
 def start_hollow(tmp: Path, nodes: int, max_pods: int, extra: list[str]) -> Hollow:
@@ -159,8 +160,31 @@ class World:
         return sorted(p["metadata"]["name"] for p in pods)
 
     def pod_log(self, ns: str, name: str) -> str:
-        """What the pod's container printed so far."""
-        raise NotImplementedError
+        """What the pod's container printed so far (real nodes: read from the node's files)."""
+        return self.local.pod_log(ns, name)
+
+    def exec(
+        self, ns: str, pod: str, *argv: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """`kubectl exec -i` into the pod's first container."""
+        return self.kubectl("exec", "-i", "-n", ns, pod, "--", *argv, input=input, check=check)
+
+    def kill(self, ns: str, name: str) -> None:
+        """Every process of the pod's containers SIGKILLed: its node sees them die."""
+        self.local.kill_pod(ns, name)
+
+    def disrupt(self, ns: str, name: str) -> None:
+        """A DisruptionTarget condition, as the control plane sets it before a preemption."""
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "preempted to make room for a pod of higher priority",
+        }
+        self.kubectl(
+            "patch", "pod", name, "-n", ns, "--subresource=status", "--type=strategic",
+            "-p", json.dumps({"status": {"conditions": [cond]}}),
+        )  # fmt: skip
 
     def hosts(self, ns: str, job: str) -> list[str]:
         cm = self.api.get("ConfigMap", ns, naming.config_map_name(job))
@@ -203,16 +227,60 @@ class World:
         return self.api.create(obj)
 
 
+LINGER = "etoperator.test/linger"
+
+
 @dataclass
 class Cluster(World):
+    """What tests do to pods here is what happens to pods anywhere: a container ends with a
+    code (the gates of tests/support/manifests.py), nodes are cordoned (new pods stay Pending),
+    a finalizer keeps a deleted pod terminating."""
+
     cp: ControlPlane
-    kubelet: Kubelet
     operator: OperatorProcess
     proxy: FaultProxy
+    ssh_port: int = 22
 
-    def pod_log(self, ns: str, name: str) -> str:
-        path = self.kubelet.log_path((ns, name))
-        return path.read_text(errors="replace") if path and path.exists() else ""
+    def finish(self, ns: str, name: str, code: int = 0) -> None:
+        """The pod's container ends with exit code `code` (Succeeded for 0, else Failed)."""
+        self.exec(ns, name, "sh", "-c", f"echo {int(code)} > {EXIT_FILE}.new && "
+                  f"mv {EXIT_FILE}.new {EXIT_FILE}")  # fmt: skip
+
+    def node_names(self) -> list[str]:
+        assert self.local.real is not None
+        return [n.name for n in self.local.real.nodes]
+
+    def hold(self) -> None:
+        """Every node cordoned: pods made from now on stay Pending, those running run on."""
+        for node in self.node_names():
+            self.kubectl("cordon", node)
+
+    def release(self) -> None:
+        for node in self.node_names():
+            self.kubectl("uncordon", node)
+
+    def annotate(self, ns: str, pod: str, key: str, value: str) -> None:
+        self.kubectl("annotate", "pod", "-n", ns, pod, f"{key}={value}", "--overwrite")
+
+    def accept_key(self, ns: str, pod: str) -> None:
+        """A worker started with the refuse-key annotation now trusts the job's key (once its
+        container runs)."""
+        copy = ("cp", "/root/.ssh/authorized_keys", REFUSED_KEYS)
+        wait_for(lambda: self.exec(ns, pod, *copy, check=False).returncode == 0, 30,
+                 f"{pod} trusting the job's key", interval=0.2)  # fmt: skip
+
+    def linger(self, ns: str, pod: str) -> None:
+        """A finalizer of the test's: once deleted, the pod stays terminating until `unlinger`."""
+        patch = [{"op": "add", "path": "/metadata/finalizers", "value": [LINGER]}]
+        self.kubectl("patch", "pod", "-n", ns, pod, "--type=json", "-p", json.dumps(patch))
+
+    def unlinger(self, ns: str, pod: str) -> None:
+        patch = '{"metadata":{"finalizers":null}}'
+        self.kubectl("patch", "pod", "-n", ns, pod, "--type=merge", "-p", patch, check=False)
+
+    def ip(self, ns: str, name: str) -> str | None:
+        pod = self.api.get("Pod", ns, name) or {}
+        return (pod.get("status") or {}).get("podIP")
 
 
 @dataclass
@@ -227,23 +295,3 @@ class Hollow(World):
 @dataclass
 class Chain(World):
     operator: DeployedOperator
-
-    def pod_log(self, ns: str, name: str) -> str:
-        return self.local.pod_log(ns, name)
-
-    def kill(self, ns: str, name: str) -> None:
-        """Every process of the pod's containers SIGKILLed: its node sees them die."""
-        self.local.kill_pod(ns, name)
-
-    def disrupt(self, ns: str, name: str) -> None:
-        """A DisruptionTarget condition, as the control plane sets it before a preemption."""
-        cond = {
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": "PreemptionByScheduler",
-            "message": "preempted to make room for a pod of higher priority",
-        }
-        self.kubectl(
-            "patch", "pod", name, "-n", ns, "--subresource=status", "--type=strategic",
-            "-p", json.dumps({"status": {"conditions": [cond]}}),
-        )  # fmt: skip

@@ -67,14 +67,14 @@ def test_the_standby_takes_over_a_scale_when_the_leader_dies(
     (standby,) = [name for name in replicas if name != leader]
     cluster.create(job("ha", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "ha")
-    cluster.kubelet.held.add((ns, "ha-worker-2"))
+    cluster.hold()
     cluster.create(scaleout("grow", "ha", 1, timeout=120), ns)
     wait_for(lambda: cluster.status(ns, "grow", "ScaleOut").get("addPods"), 10, "plan frozen")
     assert writes_by(cluster, leader), "the leader acted"
     assert writes_by(cluster, standby) == []  # the standby only watched
     replicas[leader].kill()
     killed = time.monotonic()
-    cluster.kubelet.release(ns, "ha-worker-2")
+    cluster.release()
     wait_for(lambda: holder(cluster) == standby, 20, "the standby leads")
     wait_for(lambda: cluster.phase(ns, "grow", "ScaleOut") == "ScaleSucceeded", 20)
     took = time.monotonic() - killed

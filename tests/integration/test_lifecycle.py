@@ -1,11 +1,11 @@
-"""The real operator process against the real control plane and the simulated kubelet."""
+"""The real operator process against the real control plane and real nodes."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job
+from tests.support.manifests import REFUSE_KEY, job
 from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
         assert got is not None, f"{kind} {obj} missing"
         refs = got["metadata"]["ownerReferences"]
         assert refs[0]["kind"] == "TrainingJob" and refs[0]["controller"] is True
-    cluster.kubelet.finish(ns, "happy-launcher", 0)
+    cluster.finish(ns, "happy-launcher", 0)
     wait_for(lambda: cluster.phase(ns, "happy") == "Succeeded", 20, "Succeeded")
     # cleanPodPolicy Running (the default): the still-running workers go, the launcher stays.
     wait_for(lambda: cluster.pods(ns, "happy", "worker") == [], 20, "workers cleaned up")
@@ -50,8 +50,11 @@ def test_creation_order_and_success(cluster: Cluster, ns: str) -> None:
 
 def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     # worker-1 runs, but its sshd refuses the job's key: not ready, so no launcher.
-    cluster.kubelet.refusing.add((ns, "gate-worker-1"))
+    cluster.hold()
     cluster.create(job("gate"), ns)
+    wait_for(lambda: len(cluster.pods(ns, "gate", "worker")) == 2, 10, "two workers made")
+    cluster.annotate(ns, "gate-worker-1", REFUSE_KEY, "true")
+    cluster.release()
 
     def phases() -> list[str]:
         pods = cluster.api.list("Pod", ns, "training-job-name=gate")
@@ -65,14 +68,14 @@ def test_launcher_waits_for_ssh_readiness(cluster: Cluster, ns: str) -> None:
     assert cluster.hosts(ns, "gate") == []
     assert cluster.phase(ns, "gate") == "Created"
     # Once its sshd takes the key, the job starts.
-    cluster.kubelet.accept_key(ns, "gate-worker-1")
+    cluster.accept_key(ns, "gate-worker-1")
     running(cluster, ns, "gate")
 
 
 def test_worker_failure_never_policy_leaves_host_list(cluster: Cluster, ns: str) -> None:
     cluster.create(job("wf", replicas=3), ns)
     running(cluster, ns, "wf", 3)
-    cluster.kubelet.finish(ns, "wf-worker-1", 137, reason="OOMKilled")
+    cluster.finish(ns, "wf-worker-1", 137)
     wait_for(
         lambda: cluster.hosts(ns, "wf") == ["wf-worker-0", "wf-worker-2"],
         10,
@@ -105,7 +108,7 @@ def test_worker_failure_replaced_under_new_index(cluster: Cluster, ns: str) -> N
 def test_launcher_failure_fails_job(cluster: Cluster, ns: str) -> None:
     cluster.create(job("lf", cleanPodPolicy="All"), ns)
     running(cluster, ns, "lf")
-    cluster.kubelet.finish(ns, "lf-launcher", 1)
+    cluster.finish(ns, "lf-launcher", 1)
     wait_for(lambda: cluster.phase(ns, "lf") == "Failed", 10, "Failed")
     cond = cluster.condition(ns, "lf", "Failed")
     assert cond and cond["reason"] == "LauncherFailed" and "exit code 1" in cond["message"]
@@ -117,7 +120,7 @@ def test_launcher_failure_fails_job(cluster: Cluster, ns: str) -> None:
 def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
     cluster.create(job("rs", restartPolicy="OnFailure", backoffLimit=1), ns)
     running(cluster, ns, "rs")
-    cluster.kubelet.finish(ns, "rs-launcher", 2)
+    cluster.finish(ns, "rs-launcher", 2)
     # A fresh run: new indices, a host list rebuilt from scratch, restartCount 1.
     wait_for(lambda: cluster.status(ns, "rs").get("restartCount") == 1, 10, "restartCount 1")
     wait_for(
@@ -132,7 +135,7 @@ def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
     launcher = cluster.obj("Pod", ns, "rs-launcher")
     assert launcher and launcher["status"]["phase"] == "Running"
     # Second failure: the limit is reached and the job stays Failed.
-    cluster.kubelet.finish(ns, "rs-launcher", 2)
+    cluster.finish(ns, "rs-launcher", 2)
     wait_for(lambda: cluster.phase(ns, "rs") == "Failed", 10, "Failed after backoff")
     cond = cluster.condition(ns, "rs", "Failed")
     assert cond and "backoffLimit 1 reached" in cond["message"]
@@ -150,7 +153,7 @@ def test_restart_on_failure_with_backoff(cluster: Cluster, ns: str) -> None:
 def test_clean_pod_policy(cluster: Cluster, ns: str, policy: str, left: list[str]) -> None:
     cluster.create(job("cp", cleanPodPolicy=policy), ns)
     running(cluster, ns, "cp")
-    cluster.kubelet.finish(ns, "cp-launcher", 0)
+    cluster.finish(ns, "cp-launcher", 0)
     wait_for(lambda: cluster.phase(ns, "cp") == "Succeeded", 10)
     wait_for(lambda: cluster.pods(ns, "cp") == left, 10, f"pods left by {policy}")
 

@@ -128,13 +128,13 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     less["spec"]["script"] = "/bin/true"  # runs on the launcher through pods/exec
     cluster.create(less, ns)
     wait_for(lambda: cluster.phase(ns, "less", "ScaleIn") == "ScaleSucceeded", 20)
-    cluster.kubelet.finish(ns, "rb-worker-0", 1)
+    cluster.finish(ns, "rb-worker-0", 1)
     wait_for(
         lambda: cluster.hosts(ns, "rb") == ["rb-worker-1", "rb-worker-4"],
         20,
         "worker-0 replaced by worker-4",
     )
-    cluster.kubelet.finish(ns, "rb-launcher", 0)
+    cluster.finish(ns, "rb-launcher", 0)
     wait_for(lambda: cluster.pods(ns, "rb") == [], 20, "cleanup")
 
     wait_for(lambda: ("delete", "", "pods") in audited(cluster), 10, "the audit log")

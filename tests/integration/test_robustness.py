@@ -163,14 +163,14 @@ def test_private_key_never_logged_or_evented(cluster: Cluster, ns: str) -> None:
 
 
 def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str) -> None:
-    cluster.kubelet.held.add((ns, "rst-worker-1"))
+    cluster.hold()
     cluster.create(job("rst", replicas=2), ns)
     wait_for(lambda: len(cluster.pods(ns, "rst", "worker")) == 2, 10)
     cluster.operator.kill()
     uids = {
         p: cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "rst", "worker")
     }
-    cluster.kubelet.release(ns, "rst-worker-1")
+    cluster.release()
     cluster.operator.start()
     running(cluster, ns, "rst")
     # The same two workers, never re-created; one launcher.
@@ -219,7 +219,7 @@ def test_discovery_follows_changes_from_one_watch(
     cluster.create(job("disc", replicas=3, maxReplicas=4), ns)
     running(cluster, ns, "disc", 3)
     etc, env = launcher_files(cluster, ns, "disc")
-    relay = Relay(cluster.cp.port).restore()
+    relay = Relay(cluster.cp.port, cluster.cp.address).restore()
     env |= {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(relay.port)}
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     state = etc / "tmp" / f"etoperator-hosts-{ns}-disc"
@@ -247,7 +247,7 @@ def test_discovery_follows_changes_from_one_watch(
         assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
         watcher = int((state / "pid").read_text())
         t0 = time.monotonic()
-        cluster.kubelet.finish(ns, "disc-worker-1", 1)
+        cluster.finish(ns, "disc-worker-1", 1)
         wait_for(
             lambda: discover() == ["disc-worker-0", "disc-worker-2"],
             2.0,
@@ -370,7 +370,6 @@ def test_a_secret_rotated_by_an_operator_without_the_key_keeps_old_and_new_worki
     """The operator restarted (it holds no key), then the Secret is deleted: the new key pair
     is trusted next to the old one, so the launcher's old key still reaches new workers."""
     from etoperator.sshcheck import SSHProber, load_key
-    from tests.conftest import SSH_PORT
 
     cluster.create(job("rot", replicas=1, maxReplicas=3), ns)
     running(cluster, ns, "rot", 1)
@@ -384,8 +383,8 @@ def test_a_secret_rotated_by_an_operator_without_the_key_keeps_old_and_new_worki
     assert len(trusted) == 2, trusted
     cluster.create(scaleout("after", "rot", 1), ns)
     wait_for(lambda: cluster.hosts(ns, "rot") == ["rot-worker-0", "rot-worker-1"], 20)
-    ip = cluster.kubelet.ip(ns, "rot-worker-1")
-    assert ip and SSHProber(port=SSH_PORT).ready(ip, load_key(old))  # the launcher's key
+    ip = cluster.ip(ns, "rot-worker-1")
+    assert ip and SSHProber(port=cluster.ssh_port).ready(ip, load_key(old))  # the launcher's key
 
 
 def test_an_ssh_secret_of_another_job_is_refused(cluster: Cluster, ns: str) -> None:

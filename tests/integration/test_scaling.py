@@ -15,7 +15,7 @@ import paramiko
 import pytest
 
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
+from tests.support.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
 from tests.support.waits import running, settled
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ def test_scale_out_beyond_max_is_refused(cluster: Cluster, ns: str) -> None:
 def test_scale_out_timeout_rolls_back(cluster: Cluster, ns: str) -> None:
     cluster.create(job("slow", replicas=2), ns)
     running(cluster, ns, "slow")
-    cluster.kubelet.held.add((ns, "slow-worker-2"))  # never becomes ready
+    cluster.hold()  # never becomes ready
     cluster.create(scaleout("late", "slow", 1, timeout=2), ns)
     settled(cluster, ns, SO, "late", "ScaleFailed", 15)
     cond = cluster.condition(ns, "late", "ScaleFailed", SO)
@@ -143,13 +143,13 @@ def horovod_process(
     key = paramiko.Ed25519Key.from_private_key(
         io.StringIO(base64.b64decode(secret["data"]["id_rsa"]).decode())
     )
-    ip = cluster.kubelet.ip(ns, on)
+    ip = cluster.ip(ns, on)
     assert ip is not None
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
     client.connect(
         ip,
-        port=cluster.kubelet.ssh_port,
+        port=cluster.ssh_port,
         username="root",
         pkey=key,
         allow_agent=False,
@@ -205,14 +205,14 @@ def test_scale_in_drain_timeout_deletes_anyway(cluster: Cluster, ns: str) -> Non
 def test_scalers_run_oldest_first_one_at_a_time(cluster: Cluster, ns: str) -> None:
     cluster.create(job("q", replicas=2, maxReplicas=5), ns)
     running(cluster, ns, "q")
-    cluster.kubelet.held.add((ns, "q-worker-2"))
+    cluster.hold()
     cluster.create(scaleout("a-first", "q", 1, timeout=30), ns)
     wait_for(lambda: cluster.phase(ns, "a-first", SO) == "Scaling", 10)
     cluster.create(scalein("b-second", "q", count=1), ns)
     # b-second waits while a-first runs.
     wait_for(lambda: cluster.status(ns, "q").get("currentScaler") == f"ScaleOut:{ns}/a-first")
     assert cluster.phase(ns, "b-second", SI) == ""
-    cluster.kubelet.release(ns, "q-worker-2")
+    cluster.release()
     settled(cluster, ns, SO, "a-first", "ScaleSucceeded")
     st = settled(cluster, ns, SI, "b-second", "ScaleSucceeded")
     # Run after the ScaleOut, the ScaleIn by count removes the newest worker.
@@ -233,10 +233,10 @@ def test_scaler_created_before_its_job(cluster: Cluster, ns: str) -> None:
 def test_job_finishing_mid_scale_fails_the_scaler(cluster: Cluster, ns: str) -> None:
     cluster.create(job("fin", replicas=1), ns)
     running(cluster, ns, "fin", 1)
-    cluster.kubelet.held.add((ns, "fin-worker-1"))
+    cluster.hold()
     cluster.create(scaleout("never", "fin", 1, timeout=60), ns)
     wait_for(lambda: cluster.phase(ns, "never", SO) == "Scaling", 10)
-    cluster.kubelet.finish(ns, "fin-launcher", 0)
+    cluster.finish(ns, "fin-launcher", 0)
     settled(cluster, ns, SO, "never", "ScaleFailed")
     assert (cluster.condition(ns, "never", "ScaleFailed", SO) or {})["reason"] == "JobFinished"
 
@@ -244,7 +244,7 @@ def test_job_finishing_mid_scale_fails_the_scaler(cluster: Cluster, ns: str) -> 
 def test_job_deleted_mid_scale_takes_its_scalers(cluster: Cluster, ns: str) -> None:
     cluster.create(job("gone", replicas=1), ns)
     running(cluster, ns, "gone", 1)
-    cluster.kubelet.held.add((ns, "gone-worker-1"))
+    cluster.hold()
     cluster.create(scaleout("orphan", "gone", 1, timeout=60), ns)
     wait_for(lambda: cluster.phase(ns, "orphan", SO) == "Scaling", 10)
     cluster.api.delete("TrainingJob", ns, "gone")
@@ -255,7 +255,7 @@ def test_job_deleted_mid_scale_takes_its_scalers(cluster: Cluster, ns: str) -> N
 def test_operator_killed_after_plan_frozen(cluster: Cluster, ns: str) -> None:
     cluster.create(job("frz", replicas=2, maxReplicas=6), ns)
     running(cluster, ns, "frz")
-    cluster.kubelet.held.add((ns, "frz-worker-2"))
+    cluster.hold()
     cluster.create(scaleout("once", "frz", 1, timeout=60), ns)
     wait_for(
         lambda: (
@@ -266,7 +266,7 @@ def test_operator_killed_after_plan_frozen(cluster: Cluster, ns: str) -> None:
         "plan frozen",
     )
     cluster.operator.kill()
-    cluster.kubelet.release(ns, "frz-worker-2")
+    cluster.release()
     cluster.operator.start()
     st = settled(cluster, ns, SO, "once", "ScaleSucceeded")
     assert st["addPods"] == ["frz-worker-2"]
@@ -316,7 +316,7 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
     # the scaler's pods as one argument `pod1:slots,pod2:slots`.
     hook.write_text(f'printf "%s\\n" "$GREETING" "$@" > {out}\n')
     hook.chmod(0o644)
-    cluster.create(job("hook", replicas=1, maxReplicas=3), ns)
+    cluster.create(job("hook", replicas=1, maxReplicas=3, shared=tmp_path), ns)
     running(cluster, ns, "hook", 1)
     manifest = scaleout("hooked", "hook", 2)
     tricky = "it's $(touch /tmp/etoperator-pwned) `id` ; rm -rf /"
@@ -327,9 +327,8 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
     assert out.read_text().splitlines() == [tricky, "hook-worker-1:1,hook-worker-2:1"]
     cond = cluster.condition(ns, "hooked", "ScriptExecuted", SO)
     assert cond and cond["status"] == "True" and "exited 0" in cond["message"]
-    import os
-
-    assert not os.path.exists("/tmp/etoperator-pwned")
+    pwned = cluster.exec(ns, "hook-launcher", "test", "-e", "/tmp/etoperator-pwned", check=False)
+    assert pwned.returncode == 1
 
 
 def test_a_scaler_script_runs_once_per_scale(cluster: Cluster, ns: str, tmp_path: Path) -> None:
@@ -338,7 +337,7 @@ def test_a_scaler_script_runs_once_per_scale(cluster: Cluster, ns: str, tmp_path
     out = tmp_path / "runs"
     hook = tmp_path / "count.sh"
     hook.write_text(f'echo "$1" >> {out}\n')
-    cluster.create(job("once", replicas=4, minReplicas=1), ns)
+    cluster.create(job("once", replicas=4, minReplicas=1, shared=tmp_path), ns)
     running(cluster, ns, "once", 4)
     names = [f"once-in-{i}" for i in range(3)]
     for name in names:
@@ -374,7 +373,7 @@ def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
     names = [f"hang{i}" for i in range(9)]
     try:
         for name in [*names, "free"]:
-            cluster.create(job(name, replicas=1, maxReplicas=2), ns)
+            cluster.create(job(name, replicas=1, maxReplicas=2, shared=tmp_path), ns)
         for name in [*names, "free"]:
             running(cluster, ns, name, 1)
         for name in names:
@@ -410,7 +409,7 @@ def test_an_operator_restart_never_leaves_two_copies_of_a_script(
     log = tmp_path / "runs"
     hook = tmp_path / "slow.sh"
     hook.write_text(f"echo start >> {log}; sleep 3; echo end >> {log}\n")
-    cluster.create(job("twice", replicas=1, maxReplicas=2), ns)
+    cluster.create(job("twice", replicas=1, maxReplicas=2, shared=tmp_path), ns)
     running(cluster, ns, "twice", 1)
     manifest = scaleout("grow", "twice", 1, timeout=8)
     manifest["spec"]["script"] = str(hook)
@@ -454,14 +453,17 @@ def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> Non
 def test_worker_failure_during_a_scale(cluster: Cluster, ns: str) -> None:
     cluster.create(job("wfs", replicas=2, maxReplicas=5, workerRestartPolicy="Always"), ns)
     running(cluster, ns, "wfs")
-    cluster.kubelet.held.add((ns, "wfs-worker-2"))
+    cluster.hold()
     cluster.create(scaleout("mid", "wfs", 1, timeout=60), ns)
+    wait_for(lambda: "wfs-worker-2" in cluster.pods(ns, "wfs", "worker"), 10, "worker 2 made")
+    cluster.annotate(ns, "wfs-worker-2", REFUSE_KEY, "true")  # it runs, but is never ready
+    cluster.release()
     wait_for(lambda: cluster.phase(ns, "mid", SO) == "Scaling", 10)
-    cluster.kubelet.finish(ns, "wfs-worker-0", 1)
+    cluster.finish(ns, "wfs-worker-0", 1)
     # Out of the host list at once and replaced, while the ScaleOut still waits.
     wait_for(lambda: cluster.hosts(ns, "wfs") == ["wfs-worker-1", "wfs-worker-3"], 15)
     assert cluster.phase(ns, "mid", SO) == "Scaling"
-    cluster.kubelet.release(ns, "wfs-worker-2")
+    cluster.accept_key(ns, "wfs-worker-2")
     settled(cluster, ns, SO, "mid", "ScaleSucceeded")
     assert cluster.hosts(ns, "wfs") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
     assert cluster.pods(ns, "wfs", "worker") == ["wfs-worker-1", "wfs-worker-2", "wfs-worker-3"]
@@ -470,7 +472,7 @@ def test_worker_failure_during_a_scale(cluster: Cluster, ns: str) -> None:
 def test_deleting_a_running_scale_out_removes_its_workers(cluster: Cluster, ns: str) -> None:
     cluster.create(job("cx", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "cx")
-    cluster.kubelet.held.add((ns, "cx-worker-2"))
+    cluster.hold()
     cluster.create(scaleout("undo", "cx", 1, timeout=60), ns)
     wait_for(lambda: "cx-worker-2" in cluster.pods(ns, "cx", "worker"), 10)
     cluster.api.delete(SO, ns, "undo")
@@ -501,11 +503,13 @@ def spec_replicas(cluster: Cluster, ns: str, name: str) -> int:
 def test_a_failed_kubectl_scale_gives_back_the_real_size(cluster: Cluster, ns: str) -> None:
     cluster.create(job("kf", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "kf")
-    cluster.kubelet.held.add((ns, "kf-worker-2"))
+    cluster.hold()
     cluster.kubectl("scale", "tj", "kf", "-n", ns, "--replicas", "3")
-    wait_for(lambda: (ns, "kf-worker-2") in cluster.kubelet.pods, 20, "worker 2 on the node")
+    wait_for(lambda: "kf-worker-2" in cluster.pods(ns, "kf", "worker"), 20, "worker 2 made")
     assert spec_replicas(cluster, ns, "kf") == 3  # the target, while the scale runs
-    cluster.kubelet.finish(ns, "kf-worker-2", 1, "Error")
+    # It fails as it starts (e.g. a bad image entrypoint): the scale cannot be done.
+    cluster.annotate(ns, "kf-worker-2", EXIT_AT_START, "1")
+    cluster.release()
     (made,) = cluster.api.list(SO, ns)
     settled(cluster, ns, SO, made["metadata"]["name"], "ScaleFailed")
     wait_for(lambda: spec_replicas(cluster, ns, "kf") == 2, 10, "the real size given back")
@@ -521,7 +525,7 @@ def test_a_lost_worker_gives_back_the_real_size(cluster: Cluster, ns: str) -> No
     `kubectl scale` (or an autoscaler) back to the old size is a request, not a no-op."""
     cluster.create(job("lw", replicas=3, maxReplicas=4), ns)
     running(cluster, ns, "lw", 3)
-    cluster.kubelet.finish(ns, "lw-worker-1", 137, reason="OOMKilled")
+    cluster.finish(ns, "lw-worker-1", 137)
     wait_for(lambda: cluster.hosts(ns, "lw") == ["lw-worker-0", "lw-worker-2"], 10, "unlisted")
     wait_for(lambda: spec_replicas(cluster, ns, "lw") == 2, 10, "the real size given back")
     cluster.kubectl("scale", "tj", "lw", "-n", ns, "--replicas", "3")
@@ -582,7 +586,7 @@ def test_a_running_scaler_script_holds_up_nothing_else(
     hook = tmp_path / "slow.sh"
     started = tmp_path / "started"
     hook.write_text(f"touch {started}; while [ ! -e {gate} ]; do sleep 0.1; done\n")
-    cluster.create(job("slow", replicas=3, maxReplicas=4), ns)
+    cluster.create(job("slow", replicas=3, maxReplicas=4, shared=tmp_path), ns)
     running(cluster, ns, "slow", 3)
     cluster.create(job("other", replicas=1, maxReplicas=3), ns)
     running(cluster, ns, "other", 1)
@@ -591,7 +595,7 @@ def test_a_running_scaler_script_holds_up_nothing_else(
     cluster.create(manifest, ns)
     wait_for(started.exists, 10, "the script started")
     # While the script runs, the job still handles a lost worker, and other jobs still scale.
-    cluster.kubelet.finish(ns, "slow-worker-0", 1)
+    cluster.finish(ns, "slow-worker-0", 1)
     wait_for(lambda: cluster.hosts(ns, "slow") == ["slow-worker-1"], 10, "lost worker out")
     cluster.create(scaleout("meanwhile", "other", 1), ns)
     settled(cluster, ns, SO, "meanwhile", "ScaleSucceeded", timeout=15)

@@ -1,17 +1,58 @@
-"""Manifests used by the integration tests."""
+"""Manifests used by the integration tests: pods of the training image that hold until a test
+ends them (see the gates below), on the local cluster's real nodes."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from etoperator.naming import API_VERSION
 
+IMAGE = "etoperator/train:latest"
+PODINFO = "/etc/podinfo"
+EXIT_FILE = "/tmp/exit-code"  # a test ends a container by writing its exit code here
+# Annotations a test sets on a worker while it is held Pending, read once when it starts
+# (the downward API volume is written before the container runs).
+EXIT_AT_START = "test-exit-at-start"  # its container ends at once with this code
+REFUSE_KEY = "test-refuse-key"  # its sshd trusts no key until the test copies the job's in
+REFUSED_KEYS = "/run/test-keys/authorized_keys"
+_WAIT = (
+    "trap 'exit 143' TERM\n"
+    f"until [ -e {EXIT_FILE} ]; do sleep 0.1; done\n"
+    f'exit "$(cat {EXIT_FILE})"\n'
+)
+# A worker: the image's sshd (as the operator's default worker command runs it) beside a wait.
+WORKER_GATE = (
+    f"a={PODINFO}/annotations\n"
+    f'code=$(sed -n \'s/^{EXIT_AT_START}="\\([0-9]*\\)"$/\\1/p\' "$a")\n'
+    'if [ -n "$code" ]; then exit "$code"; fi\n'
+    f'if grep -qx \'{REFUSE_KEY}="true"\' "$a"; then\n'
+    f"  mkdir -p {REFUSED_KEYS.rsplit('/', 1)[0]}\n"
+    f"  /usr/sbin/sshd -D -e -o AuthorizedKeysFile={REFUSED_KEYS} &\n"
+    "else\n"
+    "  /usr/sbin/sshd -D -e &\n"
+    "fi\n" + _WAIT
+)
+# A launcher: it runs nothing but the wait (the full chain runs real training).
+LAUNCHER_GATE = _WAIT
 
-def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+
+def container(name: str, gate: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", gate],
+    }
+
+
+def job(name: str, replicas: int = 2, shared: Path | None = None, **spec: Any) -> dict[str, Any]:
+    """A job of the gates below; `shared`: a directory of this machine the launcher sees at
+    the same path (a hostPath volume: scaler scripts the test writes, what they write back)."""
     worker: dict[str, Any] = {
         "replicas": replicas,
-        "template": {"spec": {"containers": [{"name": "worker", "image": "trainer:test"}]}},
+        "template": {"spec": worker_pod()},
     }
     for key in ("minReplicas", "maxReplicas"):
         if key in spec:
@@ -19,23 +60,14 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     if "workerRestartPolicy" in spec:
         worker["restartPolicy"] = spec.pop("workerRestartPolicy")
     launcher: dict[str, Any] = {
-        "template": {
-            "spec": {
-                "containers": [
-                    {
-                        "name": "launcher",
-                        "image": "trainer:test",
-                        "command": [
-                            "sh",
-                            "-c",
-                            "horovodrun -np 2 --host-discovery-script "
-                            "/etc/edl/discover_hosts.sh python train.py",
-                        ],
-                    }
-                ]
-            }
-        }
+        "template": {"spec": {"containers": [container("launcher", LAUNCHER_GATE)]}}
     }
+    if shared is not None:
+        pod = launcher["template"]["spec"]
+        pod["volumes"] = [
+            {"name": "shared", "hostPath": {"path": str(shared), "type": "Directory"}}
+        ]
+        pod["containers"][0]["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
     if "launcherRestartPolicy" in spec:
         launcher["restartPolicy"] = spec.pop("launcherRestartPolicy")
     annotations = spec.pop("annotations", None)
@@ -48,6 +80,19 @@ def job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     if annotations:
         body["metadata"]["annotations"] = annotations
     return copy.deepcopy(body)
+
+
+def worker_pod() -> dict[str, Any]:
+    """The worker gate, with the pod's annotations mounted for it to read."""
+    c = container("worker", WORKER_GATE)
+    c["volumeMounts"] = [{"name": "podinfo", "mountPath": PODINFO, "readOnly": True}]
+    items = [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+    return {
+        "containers": [c],
+        "volumes": [{"name": "podinfo", "downwardAPI": {"items": items}}],
+        # A pod's gate ends at once on SIGTERM; a hung one is not waited for long.
+        "terminationGracePeriodSeconds": 5,
+    }
 
 
 def _scaler(kind: str, name: str, spec: dict[str, Any], timeout: int | None) -> dict[str, Any]:

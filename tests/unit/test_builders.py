@@ -19,6 +19,7 @@ CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$|^[A-Z]|[./-]")
 def spec(**kw: Any) -> JobSpec:
     b = job("j", **kw)
     b["metadata"].update(namespace="ns", uid="uid-1")
+    del b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"]
     b["spec"]["etReplicaSpecs"]["worker"]["template"]["metadata"] = {
         "labels": {"team": "ml"},
         "annotations": {"sidecar": "off"},

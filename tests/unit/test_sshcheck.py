@@ -11,10 +11,36 @@ import pytest
 
 from etoperator.builders import ssh
 from etoperator.sshcheck import SSHProber, busy_script, load_key
-from localcluster.kubelet import host_key, sshd_config
 from tests.harness import wait_for
 
 IP, PORT = "127.10.250.2", 2223
+
+
+def host_key(workdir: Path) -> Path:
+    key = workdir / "ssh_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+def sshd_config(ip: str, port: int, hostkey: Path, authorized: Path) -> str:
+    """An sshd of this machine trusting one key file (in a scratch directory, whose parents
+    StrictModes would refuse)."""
+    return "\n".join(
+        [
+            f"ListenAddress {ip}:{port}",
+            f"HostKey {hostkey}",
+            f"AuthorizedKeysFile {authorized}",
+            "PidFile none",
+            "StrictModes no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "PermitRootLogin prohibit-password",
+            "PubkeyAuthentication yes",
+            "LogLevel ERROR",
+            "",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")

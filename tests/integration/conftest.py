@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import real_nodes_missing
+from tests.harness import Cluster, start_cluster
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two real nodes (one test needs a pod on a node of its own) and the operator; gone
+    before the full chain starts, which then takes the same slot and image stores."""
+    why = real_nodes_missing()
+    if why:
+        pytest.fail(why)
+    # Quiet jobs are looked at every 3 s (not 60): tests see that such passes cost no request.
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), nodes=2, extra=["--resync", "3"])
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = cluster.new_namespace()
+    yield name
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120)}")
+        pods = cluster.kubectl("get", "pods", "-n", name, "-o", "wide", check=False).stdout
+        events = cluster.kubectl("get", "events", "-n", name, check=False).stdout
+        print(f"--- pods ---\n{pods}--- events ---\n{events}")
+    cluster.release()  # a test that failed while holding pods must not hold the next one's
+    # Gone with its jobs (in the background): later tests share the operator with no one.
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
