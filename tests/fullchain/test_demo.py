@@ -1,6 +1,7 @@
-"""`make demo`, non-interactive, end to end: the local cluster comes up stage by stage, the tour
-(ScaleOut +2, ScaleIn by count and by name, kubectl scale, a killed worker) trains through
-every step to a Succeeded job, and stopping leaves no process, mount point or directory."""
+"""`make demo`, end to end: the local cluster comes up stage by stage, the tour (ScaleOut +2,
+ScaleIn by count and by name, kubectl scale, a killed worker) trains through every step to a
+Succeeded job, the cluster stays up until `make demo-down`, and stopping leaves no process,
+mount point or directory."""
 
 from __future__ import annotations
 
@@ -50,33 +51,53 @@ def host_state() -> dict[str, object]:
     }
 
 
-def test_demo_tour_end_to_end(tmp_path: Path) -> None:
+def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
+    """The tour, then the demo keeps running until `make demo-down` (no arguments) stops it,
+    although it was started with ARGS="--dir X"."""
     state, results = tmp_path / "demo", tmp_path / "timings.json"
     before = host_state()
-    port = procs.free_port()
-    out = subprocess.run(
+    demo = subprocess.Popen(
         [
-            sys.executable, "-m", "localcluster.demo", "--exit",
-            "--dir", str(state), "--api-port", str(port), "--results", str(results),
+            sys.executable, "-m", "localcluster.demo",
+            "--dir", str(state), "--api-port", str(procs.free_port()), "--results", str(results),
         ],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    print(out.stdout[-6000:])
-    assert out.returncode == 0, out.stderr[-4000:]
-    for stage in (
-        "control-plane binaries ready",
-        "control plane up",
-        "node(s) Ready",
-        "operator deployed",
-    ):
-        assert stage in out.stdout
-    assert "job Succeeded" in out.stdout and "export KUBECONFIG=" in out.stdout
-    assert "elastic-training-scaleout" in out.stdout  # what kubectl get tj,so,si showed
-    timings = json.loads(results.read_text())
-    assert set(timings) == {
-        "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
-        "kubectl_scale_3", "worker_killed",
-    }  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        seen = []
+        for line in demo.stdout:
+            seen.append(line)
+            if "stops it" in line:
+                break
+        out = "".join(seen)
+        print(out[-6000:])
+        for stage in (
+            "control-plane binaries ready",
+            "control plane up",
+            "node(s) Ready",
+            "operator deployed",
+            "job Succeeded",
+            "tour done",
+            "The cluster keeps running",
+            "export KUBECONFIG=",
+            "kubectl create -f examples/scale_out.yaml",
+        ):
+            assert stage in out, out[-3000:]
+        assert "elastic-training-scaleout" in out  # what kubectl get tj,so,si showed
+        timings = json.loads(results.read_text())
+        assert set(timings) == {
+            "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
+            "kubectl_scale_3", "worker_killed",
+        }  # fmt: skip
+        down = subprocess.run(
+            ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert down.returncode == 0 and "stopped the demo" in down.stdout, down.stdout
+        assert demo.wait(60) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
     # Nothing left behind: no process, no state directory, this machine as it was.
     assert processes_mentioning(str(state)) == []
     assert not state.exists()
@@ -98,34 +119,3 @@ def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert f"port {port} is in use" in out.stderr
     assert not (tmp_path / "d").exists()
-
-
-def test_demo_down_stops_a_demo_started_elsewhere(tmp_path: Path) -> None:
-    """`make demo-down` (no arguments) stops a demo started with ARGS="--dir X"."""
-    state = tmp_path / "elsewhere"
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "localcluster.demo", "--no-tour", "--dir", str(state),
-         "--api-port", str(procs.free_port())],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert demo.stdout is not None
-        seen = []
-        for line in demo.stdout:
-            seen.append(line)
-            if "The cluster keeps running" in line:
-                break
-        assert "The cluster keeps running" in "".join(seen), "".join(seen)[-3000:]
-        hints = demo.stdout.readline() + demo.stdout.readline() + demo.stdout.readline()
-        hints += demo.stdout.readline() + demo.stdout.readline()
-        assert "kubectl create -f examples/training_job.yaml" in hints, hints
-        down = subprocess.run(
-            ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
-        assert down.returncode == 0 and "stopped the demo" in down.stdout, down.stdout
-        assert demo.wait(60) == 0
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert not state.exists()
-    assert processes_mentioning(str(state)) == []
