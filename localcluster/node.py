@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,9 +195,15 @@ class RealNode:
             raise RuntimeError(f"ctr {' '.join(args)}: {res.stderr.strip()}")
         return res
 
+    def _known_ids(self) -> set[str]:
+        """The ids of the containers and sandboxes in the node's store."""
+        kinds = ("containers", "sandboxes")
+        return {i for k in kinds for i in self.ctr(k, "ls", "-q", check=False).stdout.split()}
+
     def _clear_leftovers(self) -> None:
         """Containers and sandboxes an earlier run left in the kept store (their processes are
         long gone): the kubelet of this run never knew them."""
+        forget_cni_results(self._known_ids())
         for kind in ("tasks", "containers", "sandboxes"):
             ids = self.ctr(kind, "ls", "-q", check=False).stdout.split()
             for i in ids:
@@ -299,8 +306,10 @@ class RealNode:
         cgroups: nothing of it is left running or mounted."""
         procs.stop(self.procs.pop("kubelet", None), grace=5)
         procs.stop(self.procs.pop("kube-proxy", None), grace=5)
+        ids = self._known_ids() if "containerd" in self.procs else set()
         self._kill_cgroup_tree("kubepods")  # the pods' processes
         procs.stop(self.procs.pop("containerd", None), grace=10)  # its store stays whole
+        forget_cni_results(ids)
         self._kill_cgroup_tree()  # the shims
         for proc in self.procs.values():
             proc.wait()
@@ -318,6 +327,22 @@ class RealNode:
     def _remove_cgroups(self) -> None:
         for controller in CGROUP.iterdir():
             _remove_tree(controller / self.cgroup_root)
+
+
+CNI_RESULTS = Path("/var/lib/cni/results")
+CONTAINER_ID = re.compile(r"-([0-9a-f]{64})-")
+
+
+def forget_cni_results(ids: set[str]) -> None:
+    """containerd keeps each pod's network result in this machine's /var/lib/cni/results
+    (the path is not configurable) until the pod's network is torn down, which pods killed
+    with their node never are: those of the node's containers go with it."""
+    if not ids or not CNI_RESULTS.is_dir():
+        return
+    for f in CNI_RESULTS.iterdir():
+        m = CONTAINER_ID.search(f.name)
+        if m and m[1] in ids:
+            f.unlink(missing_ok=True)
 
 
 def reclaim(slot: int) -> None:

@@ -34,10 +34,12 @@ def processes_mentioning(text: str) -> list[str]:
 
 def host_state() -> dict[str, object]:
     """What a local cluster changes on this machine while it runs: the kubelet's sysctls, mounts,
-    links (bridge, veths), network namespaces and cgroups."""
+    links (bridge, veths), network namespaces, cgroups, and the pods' network results containerd
+    keeps in /var/lib/cni."""
     sysctls = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
-    netns = Path("/run/netns")
+    netns, results = Path("/run/netns"), Path("/var/lib/cni/results")
     return {
+        "cni results": sorted(p.name for p in results.iterdir()) if results.is_dir() else [],
         "sysctls": [(Path("/proc/sys") / k).read_text().strip() for k in sysctls],
         "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
         "links": sorted(
