@@ -180,6 +180,10 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
 
+def pod_phase(cluster: Cluster, ns: str, name: str) -> str:
+    return str(((cluster.api.get("Pod", ns, name) or {}).get("status") or {}).get("phase"))
+
+
 def launcher_files(cluster: Cluster, ns: str, name: str) -> tuple[Path, dict[str, str]]:
     """The job's discover_hosts.sh laid out as the launcher's ConfigMap volume lays it out
     (same modes), with a real token of the launcher's account bound to its pod (the per-job
@@ -246,8 +250,11 @@ def test_discovery_follows_changes_from_one_watch(
     try:
         assert discover() == ["disc-worker-0", "disc-worker-1", "disc-worker-2"]
         watcher = int((state / "pid").read_text())
-        t0 = time.monotonic()
         cluster.finish(ns, "disc-worker-1", 1)
+        # From the failure seen in the API (the node's kubelet takes its own time to report it).
+        wait_for(lambda: pod_phase(cluster, ns, "disc-worker-1") == "Failed", 10, "Failed",
+                 interval=0.02)  # fmt: skip
+        t0 = time.monotonic()
         wait_for(
             lambda: discover() == ["disc-worker-0", "disc-worker-2"],
             2.0,
