@@ -203,9 +203,10 @@ class RealNode:
     def _clear_leftovers(self) -> None:
         """Containers and sandboxes an earlier run left in the kept store (their processes are
         long gone): the kubelet of this run never knew them."""
-        forget_cni_results(self._known_ids())
-        for kind in ("tasks", "containers", "sandboxes"):
-            ids = self.ctr(kind, "ls", "-q", check=False).stdout.split()
+        kinds = ("tasks", "containers", "sandboxes")
+        listed = {k: self.ctr(k, "ls", "-q", check=False).stdout.split() for k in kinds}
+        forget_cni_results({*listed["containers"], *listed["sandboxes"]})
+        for kind, ids in listed.items():
             for i in ids:
                 args = ("rm", "-f", i) if kind != "containers" else ("rm", i)
                 self.ctr(kind, *args, check=False)

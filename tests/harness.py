@@ -252,12 +252,10 @@ class Cluster(World):
 
     def hold(self) -> None:
         """Every node cordoned: pods made from now on stay Pending, those running run on."""
-        for node in self.node_names():
-            self.kubectl("cordon", node)
+        self.kubectl("cordon", *self.node_names())
 
     def release(self) -> None:
-        for node in self.node_names():
-            self.kubectl("uncordon", node)
+        self.kubectl("uncordon", *self.node_names())
 
     def annotate(self, ns: str, pod: str, key: str, value: str) -> None:
         self.kubectl("annotate", "pod", "-n", ns, pod, f"{key}={value}", "--overwrite")
