@@ -50,10 +50,6 @@ class HollowNodes:
             name = self.name(i)
             kc = cp.user_kubeconfig(f"kubelet-{name}", f"system:node:{name}", ("system:nodes",))
             argv = [
-                # Lowest CPU priority: on a cluster, kubelets run on machines of their own and
-                # take nothing from the control plane and the operator; here they share 2 cores.
-                "nice",
-                "--adjustment=19",
                 str(cp.bin / "kubemark"),
                 "--morph=kubelet",
                 f"--name={name}",
@@ -68,7 +64,10 @@ class HollowNodes:
                 "--vmodule=remote_runtime=3",
             ]
             env = {**os.environ, "PATH": PATH}
-            self.procs.append(procs.spawn(argv, self.dir / f"{name}.log", env, cwd=self.dir))
+            # Lowest CPU priority: on a cluster, kubelets run on machines of their own and
+            # take nothing from the control plane and the operator; here they share 2 cores.
+            log = self.dir / f"{name}.log"
+            self.procs.append(procs.spawn(argv, log, env, cwd=self.dir, nice=19))
         return self
 
     def running(self) -> bool:

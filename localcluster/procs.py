@@ -21,12 +21,31 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _yield_cpu(nice: int) -> None:
+    """In the child, in its new session: a lower CPU priority for it and its threads, and for
+    its session's scheduling group where the kernel groups by session (autogroup): there a
+    thread's nice counts only within its own session, so `nice` alone would leave it the
+    equal of every other session's process."""
+    os.nice(nice)
+    group = Path("/proc/self/autogroup")
+    if group.exists():
+        group.write_text(str(nice))
+
+
 def spawn(
     argv: Sequence[str],
     log: Path,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    nice: int = 0,
 ) -> subprocess.Popen[bytes]:
+    """`argv` in a session of its own, output to `log`; `nice` > 0 lowers its CPU priority."""
+
+    def prepare() -> None:
+        _die_with_parent()
+        if nice:
+            _yield_cpu(nice)
+
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
@@ -37,7 +56,7 @@ def spawn(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=prepare,
         )
 
 

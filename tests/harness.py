@@ -11,7 +11,8 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -279,6 +280,32 @@ class Cluster(World):
     def ip(self, ns: str, name: str) -> str | None:
         pod = self.api.get("Pod", ns, name) or {}
         return (pod.get("status") or {}).get("podIP")
+
+    @contextmanager
+    def operators_instead(
+        self, names: Sequence[str], extra: Sequence[str]
+    ) -> Iterator[dict[str, OperatorProcess]]:
+        """The session's operator makes way for others, one a name (its flags and `extra`,
+        POD_NAME the name), and comes back after; the first stands for it meanwhile."""
+        base = self.operator
+        base.stop()
+        others = {
+            name: OperatorProcess(
+                base.kubeconfig, base.log.with_name(f"operator-{name}.log"), base.ssh_port,
+                extra=[*base.extra, *extra], env={"POD_NAME": name},
+            )
+            for name in names
+        }  # fmt: skip
+        self.operator = others[names[0]]
+        try:
+            for proc in others.values():
+                proc.start()
+            yield others
+        finally:
+            for proc in others.values():
+                proc.stop()
+            self.operator = base
+            base.start()
 
 
 @dataclass

@@ -35,6 +35,29 @@ def ready(cluster: Cluster, name: str) -> bool:
     return out.stdout == "True"
 
 
+def scheduling_nice(pid: int) -> tuple[int, set[int]]:
+    """The nice of the process's scheduling group (its session's autogroup, where the kernel
+    has them: nice within it counts only against its own session) and of each of its threads."""
+    group = Path(f"/proc/{pid}/autogroup")
+    shared = int(group.read_text().split()[-1]) if group.exists() else 19
+    threads = {int((t / "stat").read_text().rsplit(")", 1)[1].split()[16])
+               for t in Path(f"/proc/{pid}/task").iterdir()}  # fmt: skip
+    return shared, threads
+
+
+def test_hollow_nodes_take_only_the_cpu_the_control_plane_leaves(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """They stand in for other machines: on 2 shared cores the apiserver must come first."""
+    nodes = HollowNodes(tmp_path / "hollow", 1).start(cluster.cp)
+    try:
+        wait_for(lambda: ready(cluster, HollowNodes.name(0)), 60, "the hollow node Ready")
+        assert scheduling_nice(nodes.procs[0].pid) == (19, {19})
+    finally:
+        nodes.stop()
+        cluster.kubectl("delete", "node", HollowNodes.name(0), "--wait=false", check=False)
+
+
 def test_a_hollow_node_leaves_no_files_behind(cluster: Cluster, tmp_path: Path) -> None:
     before, rules = machine_tmp(), firewall()
     nodes = HollowNodes(tmp_path / "hollow", 1).start(cluster.cp)

@@ -21,27 +21,12 @@ WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 @pytest.fixture
 def replicas(cluster: Cluster) -> Iterator[dict[str, OperatorProcess]]:
     """The session's operator makes way for two replicas that elect a leader."""
-    cluster.operator.stop()
-    base = cluster.operator
-    pair = {
-        name: OperatorProcess(
-            base.kubeconfig,
-            base.log.with_name(f"operator-{name}.log"),
-            base.ssh_port,
-            extra=[*base.extra, "--leader-election", "--lease-namespace", LEASE_NS],
-            env={"POD_NAME": name},
-        )
-        for name in ("replica-a", "replica-b")
-    }
-    for proc in pair.values():
-        proc.start()
+    election = ["--leader-election", "--lease-namespace", LEASE_NS]
     try:
-        yield pair
+        with cluster.operators_instead(["replica-a", "replica-b"], election) as pair:
+            yield pair
     finally:
-        for proc in pair.values():
-            proc.stop()
         cluster.api.delete("Lease", LEASE_NS, "etoperator")
-        cluster.operator.start()
 
 
 def holder(cluster: Cluster) -> str:

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from localcluster.cluster import OperatorProcess
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scalein
 
@@ -17,20 +16,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def remote(cluster: Cluster) -> Iterator[Cluster]:
     """The session's operator makes way for one that never opens an SSH connection."""
-    base = cluster.operator
-    base.stop()
-    far = OperatorProcess(
-        base.kubeconfig, base.log.with_name("operator-nossh.log"), base.ssh_port,
-        extra=[*base.extra, "--no-ssh-checks"],
-    )  # fmt: skip
-    far.start()
-    cluster.operator = far
-    try:
+    with cluster.operators_instead(["nossh"], ["--no-ssh-checks"]):
         yield cluster
-    finally:
-        far.stop()
-        cluster.operator = base
-        base.start()
 
 
 def test_drain_check_through_exec(remote: Cluster, ns: str) -> None:
