@@ -24,6 +24,11 @@ HOST_UPDATES = Counter(
     "etoperator_hostlist_updates_total", "Host-list (ConfigMap) writes", registry=REGISTRY
 )
 RECONCILES = Counter("etoperator_reconciles_total", "Reconcile passes", registry=REGISTRY)
+STALE_VIEWS = Counter(
+    "etoperator_stale_views_total",
+    "Passes not run: the caches did not show one of the operator's own writes yet",
+    registry=REGISTRY,
+)
 RECONCILE_ERRORS = Counter(
     "etoperator_reconcile_errors_total", "Reconcile passes that raised", registry=REGISTRY
 )

@@ -57,6 +57,7 @@ class Draft:
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
         self.scalers = {s.kind_name: s for s in inp.scalers}
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
+        self.watching: list[str] = []  # what the watches will tell of (pods starting)
 
     def set_cond(
         self,
@@ -168,3 +169,10 @@ class Draft:
         """Something is in flight: come back soon (a watch event may not tell of it)."""
         if why not in self.pending:
             self.pending.append(why)
+
+    def await_pods(self, why: str) -> None:
+        """Waiting on pods to start: their watch events bring the next pass. No sooner: while
+        thousands of pods wait for nodes or images, a pass per job a second would be the
+        operator's whole load, and every one would find the same."""
+        if why not in self.watching:
+            self.watching.append(why)

@@ -139,7 +139,7 @@ def complete_plan(d: Draft) -> Plan:
     if not d.status.current_scaler:
         d.status.scaler_pods = None
     d.status.observed_generation = d.inp.generation
-    d.plan.pending = list(d.pending)
+    d.plan.pending = [*d.pending, *d.watching]
     if d.pending or d.plan.create_workers or d.plan.delete_pods:
         d.plan.requeue = min(d.plan.requeue, 1.0)
     return d.plan

@@ -52,7 +52,7 @@ def advance_run(d: Draft) -> None:
         d.status.phase = st.SCALING if d.status.current_scaler else st.RUNNING
     waiting = [d.workers.get(n) for n in d.status.target_workers]
     if any(not (w and w.ready) for w in waiting):
-        d.come_back("members not ready yet")
+        d.await_pods("members not ready yet")
     if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
         # Its container runs and its sshd is starting: look again as soon as it may listen.
         d.plan.requeue = SSH_RETRY
@@ -172,7 +172,7 @@ def launch(
             m = Members(m.members, m.members)
             d.plan.create_launcher = True
             say_workers_ready(d, len(m.members), event=True)
-        d.come_back("waiting to start the launcher")
+        d.await_pods("waiting to start the launcher")
         return m
     m = m.hosting(*(n for n in ready if n not in newcomers))
     say_workers_ready(d, len(m.hosts), event=False)
@@ -226,7 +226,7 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
             d.set_cond(st.RUNNING, "True", "Running", "the launcher is running")
         d.status.phase = st.RUNNING
     else:
-        d.come_back("the launcher is not running yet")
+        d.await_pods("the launcher is not running yet")
     return m
 
 

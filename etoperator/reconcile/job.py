@@ -127,10 +127,11 @@ class JobReconciler:
 
     def reconcile(self, obs: Observed) -> Next:
         """One pass over what was observed; when the next one is wanted."""
+        if self.writes.stale(self.observer.parse(obs)):
+            metrics.STALE_VIEWS.inc()
+            return STALE
         metrics.RECONCILES.inc()
         with metrics.RECONCILE_SECONDS.time():
-            if self.writes.stale(self.observer.parse(obs)):
-                return STALE
             try:
                 return self.reconcile_observed(obs)
             except ApiError as exc:

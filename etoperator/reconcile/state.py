@@ -32,7 +32,8 @@ class Next:
     why: str
 
 
-STALE = Next(0.05, "the cache is behind our own write: its watch event is on its way")
+# Its watch event brings the next pass; the wait is only a floor under a lost event.
+STALE = Next(1.0, "the cache is behind our own write: its watch event is on its way")
 REFUSED = Next(10.0, "the apiserver refused a write: try again after a while")
 CONFLICT = Next(0.2, "a write met a newer version: look again")
 BLOCKED_CLEARING = Next(0.5, "nothing blocks the job any more: say so")

@@ -542,13 +542,16 @@ def test_a_script_that_may_still_run_is_not_started_again() -> None:
 def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:
     """Running but not yet accepting the key (sshd starts after its container): the next pass
     comes within a fifth of a second, not a second, so a job or a ScaleOut waits no longer than
-    sshd does. A Pending worker has nothing to probe: the usual second."""
+    sshd does. A Pending worker has nothing to probe: its watch events bring the next pass,
+    no poll comes sooner than the resync (500 jobs waiting for nodes made 500 passes a second)."""
     spec = jspec()
     first = plan_job(inp(spec, {}, []))
     starting = plan_job(inp(spec, first.status, [w(0), w(1, ready=False)]))
     assert starting.requeue <= 0.2
     pending = plan_job(inp(spec, first.status, [w(0), w(1, "Pending", False)]))
-    assert pending.requeue == 1.0
+    assert pending.requeue == 60.0
+    launching = plan_job(inp(spec, first.status, [w(0), w(1), launcher("Pending")]))
+    assert launching.requeue == 60.0
 
 
 def test_the_launcher_of_the_run_before_a_suspension_is_not_the_resumed_runs() -> None:
