@@ -40,6 +40,12 @@ RECONCILE_SECONDS = Histogram(
     buckets=PASS_BUCKETS,
     registry=REGISTRY,
 )
+PASS_WAIT_SECONDS = Histogram(
+    "etoperator_pass_wait_seconds",
+    "How long a woken job waited for a free thread before its pass",
+    buckets=PASS_BUCKETS,
+    registry=REGISTRY,
+)
 PASS_STEP_SECONDS = Histogram(
     "etoperator_pass_step_seconds",
     "Duration of each step of a pass: basics (the job's Secret, ConfigMap and launcher RBAC), "

@@ -12,7 +12,7 @@ import concurrent.futures
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from etoperator import metrics
@@ -46,6 +46,7 @@ class Runtime:
     gap: float = GAP  # passes of one job at most this often
     _pool: concurrent.futures.ThreadPoolExecutor | None = None
     _turns: asyncio.Semaphore | None = None
+    _new_turns: asyncio.Semaphore | None = None
 
     @property
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -53,12 +54,20 @@ class Runtime:
             self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, "etoperator-job")
         return self._pool
 
-    @property
-    def turns(self) -> asyncio.Semaphore:
-        """One turn per thread: a pass reads the caches only once a thread is free to act."""
-        if self._turns is None:
+    @contextlib.asynccontextmanager
+    async def turn(self, ref: JobRef) -> AsyncIterator[None]:
+        """A thread's turn for the job's pass. Jobs with no phase yet take at most half the
+        threads: their first passes make ~20 objects each and are slow while hundreds start
+        at once, and a running job's pass (a worker lost) must not wait behind them."""
+        if self._turns is None or self._new_turns is None:
             self._turns = asyncio.Semaphore(self.workers)
-        return self._turns
+            self._new_turns = asyncio.Semaphore(max(1, self.workers // 2))
+        if self.phases.get(ref):
+            async with self._turns:
+                yield
+        else:
+            async with self._new_turns, self._turns:
+                yield
 
     def has(self, ref: JobRef) -> bool:
         return ref in self.tasks
@@ -109,7 +118,8 @@ class Runtime:
             kick.clear()
             started = loop.time()
             try:
-                async with self.turns:
+                async with self.turn(ref):
+                    metrics.PASS_WAIT_SECONDS.observe(loop.time() - started)
                     # Read in the event loop, where the caches change, and only once a thread
                     # is free: a view queued behind busy threads would miss what was made since.
                     obs = self.observe(*ref) if self.observe is not None else None

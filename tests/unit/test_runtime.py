@@ -111,3 +111,37 @@ def test_a_pass_acts_on_what_the_caches_show_when_it_starts() -> None:
 
     asyncio.run(scenario())
     assert ages["next"] < 0.1, f"the pass acted on a view {ages['next']:.2f} s old"
+
+
+def test_a_burst_of_new_jobs_leaves_threads_for_running_jobs() -> None:
+    """New jobs' first passes make ~20 objects each and are slow while hundreds start at once;
+    they never take every thread, so a running job's pass (a worker lost) starts at once."""
+    waited: dict[str, float] = {}
+
+    class FirstPassesSlow(Passes):
+        def reconcile(self, obs: Observed) -> Next:
+            name, read_at = cast(tuple[str, float], obs)
+            waited[name] = time.monotonic() - read_at
+            if name.startswith("new"):
+                time.sleep(0.5)
+            return Next(60.0, "nothing to do")
+
+    async def scenario() -> None:
+        rt = Runtime(cast(JobReconciler, FirstPassesSlow()), workers=4)
+        woken: dict[str, float] = {}
+        rt.observe = lambda ns, name: cast(Observed, (name, woken.get(name, time.monotonic())))
+        refs = [("ns", f"new-{i}") for i in range(8)]
+        for ref in refs:
+            rt.start(ref)
+        await asyncio.sleep(0.05)  # the new jobs hold what threads they may
+        rt.set_phase(("ns", "running"), "Running")
+        woken["running"] = time.monotonic()
+        rt.start(("ns", "running"))
+        try:
+            await _until(lambda: "running" in waited)
+        finally:
+            for ref in [*refs, ("ns", "running")]:
+                rt.forget(ref)
+
+    asyncio.run(scenario())
+    assert waited["running"] < 0.1, f"a running job waited {waited['running']:.2f} s"
