@@ -119,7 +119,8 @@ class Runtime:
             started = loop.time()
             try:
                 async with self.turn(ref):
-                    metrics.PASS_WAIT_SECONDS.observe(loop.time() - started)
+                    kind = "started" if self.phases.get(ref) else "new"
+                    metrics.PASS_WAIT_SECONDS.labels(kind).observe(loop.time() - started)
                     # Read in the event loop, where the caches change, and only once a thread
                     # is free: a view queued behind busy threads would miss what was made since.
                     obs = self.observe(*ref) if self.observe is not None else None

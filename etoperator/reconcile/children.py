@@ -27,6 +27,8 @@ from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, Writes, in_par
 
 log = logging.getLogger(__name__)
 
+UNSEEN_KINDS = ("Pod", "Service")  # made many at a time; their caches may lag the job's
+
 
 @dataclass
 class Acted:
@@ -167,16 +169,16 @@ class Children:
         try:
             self.kube.create(obj)
             log.info("Created %s namespace=%s name=%s", kind, obj["metadata"]["namespace"], name)
-            if kind == "Pod":
-                self.writes.made(obs.job, name)
+            if kind in UNSEEN_KINDS:
+                self.writes.made(obs.job, kind, name)
             return True, []
         except AlreadyExists:
             existing = self.kube.get(kind, obj["metadata"]["namespace"], name)
             if existing is None:
                 return False, []
             if is_controlled_by(existing, obs.job["metadata"]["uid"]):
-                if kind == "Pod":  # ours and not in the cache yet: wait for it, ask no more
-                    self.writes.made(obs.job, name)
+                if kind in UNSEEN_KINDS:  # ours and not in the cache yet: wait for it
+                    self.writes.made(obs.job, kind, name)
                 return False, []
             return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
@@ -210,17 +212,18 @@ class Children:
         for svc_name, svc in existing_services.items():
             if svc_name not in plan.services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
+        unseen = self.writes.unseen(obs)
         services = [
             pods.worker_service(spec, owner, windex)
             for svc_name in plan.services
             if svc_name not in existing_services
+            and ("Service", svc_name) not in unseen
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
-        unseen = self.writes.unseen(obs)
         workers = [
             pods.worker_pod(spec, owner, i, secret, keys)
             for i in plan.create_workers
-            if naming.worker_name(name, i) not in unseen
+            if ("Pod", naming.worker_name(name, i)) not in unseen
         ]
         found = in_parallel(
             self.pool, [partial(self.create_child, obs, obj) for obj in services + workers]
@@ -228,7 +231,7 @@ class Children:
         problems += [p for each in found for p in each]
         in_the_way = found[len(services) :]
         squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
-        if plan.create_launcher and naming.launcher_name(name) not in unseen:
+        if plan.create_launcher and ("Pod", naming.launcher_name(name)) not in unseen:
             launcher = pods.launcher_pod(
                 spec, owner, secret, keys, JobStatus.from_dict(plan.status).restart_count or 0
             )

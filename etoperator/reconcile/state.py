@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 USER_SECRET_RECHECK = 900.0  # seconds
-MADE_UNSEEN = 30.0  # seconds a pod we created may take to show in the cache before made again
+MADE_UNSEEN = 30.0  # seconds a child we created may take to show in the cache before made again
 
 
 @dataclass(frozen=True)
@@ -96,11 +96,12 @@ def in_parallel(
 class Writes:
     """Our writes the watch caches may not show yet: per job view (the job, its scalers), each
     object's versions a write of ours replaced (a pass that sees one waits for the watch), and
-    the pods we created that the pod cache has yet to show (not created again meanwhile: under
-    load that cache lags the job's by seconds, and each second try would only meet a 409)."""
+    the pods and Services we created that their caches have yet to show (not created again
+    meanwhile: under load those caches lag the job's by seconds, and each second try would only
+    meet a 409)."""
 
     _replaced: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
-    _made: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    _made: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
 
     def wrote(self, before: dict[str, Any]) -> None:
         """`before` was replaced by a write of ours: until the cache moves past it (and any
@@ -122,18 +123,20 @@ class Writes:
                 mine.pop(r)
         return stale
 
-    def made(self, job: dict[str, Any], pod: str) -> None:
-        self._made.setdefault(view_of(job), {})[pod] = time.monotonic()
+    def made(self, job: dict[str, Any], kind: str, name: str) -> None:
+        self._made.setdefault(view_of(job), {})[(kind, name)] = time.monotonic()
 
-    def unseen(self, obs: Observed) -> set[str]:
-        """Pods of the job we created that its cache does not show yet. Forgotten once shown,
-        or after MADE_UNSEEN seconds (deleted before the cache saw it: create it again)."""
+    def unseen(self, obs: Observed) -> set[tuple[str, str]]:
+        """(kind, name) of the pods and Services of the job we created that its caches do not
+        show yet. Forgotten once shown, or after MADE_UNSEEN seconds (deleted before the cache
+        saw it: create it again)."""
         mine = self._made.get(view_of(obs.job), {})
-        shown = {p["metadata"]["name"] for p in obs.pods}
+        shown = {("Pod", p["metadata"]["name"]) for p in obs.pods}
+        shown |= {("Service", s["metadata"]["name"]) for s in obs.services}
         now = time.monotonic()
-        for pod, at in list(mine.items()):
-            if pod in shown or now - at > MADE_UNSEEN:
-                mine.pop(pod)
+        for child, at in list(mine.items()):
+            if child in shown or now - at > MADE_UNSEEN:
+                mine.pop(child)
         return set(mine)
 
     def forget(self, namespace: str, job: str) -> None:
