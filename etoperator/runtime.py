@@ -55,18 +55,18 @@ class Runtime:
         return self._pool
 
     @contextlib.asynccontextmanager
-    async def turn(self, ref: JobRef) -> AsyncIterator[None]:
-        """A thread's turn for the job's pass. Jobs with no phase yet take at most half the
-        threads: their first passes make ~20 objects each and are slow while hundreds start
-        at once, and a running job's pass (a worker lost) must not wait behind them."""
+    async def turn(self, new: bool) -> AsyncIterator[None]:
+        """A thread's turn for a job's pass. Jobs with no phase yet (`new`) take at most half
+        the threads: their first passes make ~20 objects each and are slow while hundreds
+        start at once, and a running job's pass (a worker lost) must not wait behind them."""
         if self._turns is None or self._new_turns is None:
             self._turns = asyncio.Semaphore(self.workers)
             self._new_turns = asyncio.Semaphore(max(1, self.workers // 2))
-        if self.phases.get(ref):
-            async with self._turns:
+        if new:
+            async with self._new_turns, self._turns:
                 yield
         else:
-            async with self._new_turns, self._turns:
+            async with self._turns:
                 yield
 
     def has(self, ref: JobRef) -> bool:
@@ -118,9 +118,10 @@ class Runtime:
             kick.clear()
             started = loop.time()
             try:
-                async with self.turn(ref):
-                    kind = "started" if self.phases.get(ref) else "new"
-                    metrics.PASS_WAIT_SECONDS.labels(kind).observe(loop.time() - started)
+                new = not self.phases.get(ref)
+                async with self.turn(new):
+                    waited = loop.time() - started
+                    metrics.PASS_WAIT_SECONDS.labels("new" if new else "started").observe(waited)
                     # Read in the event loop, where the caches change, and only once a thread
                     # is free: a view queued behind busy threads would miss what was made since.
                     obs = self.observe(*ref) if self.observe is not None else None
