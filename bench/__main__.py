@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -305,61 +306,60 @@ def step_p99(metrics: str, step: str) -> float:
     return histogram_quantile(metrics, STEPS, 0.99, labels=f'step="{step}"')
 
 
+def at(stamp: object) -> float:
+    """An audit log timestamp in seconds since the epoch."""
+    return datetime.fromisoformat(str(stamp)).timestamp()
+
+
 def operator_requests(c: World, start: float, end: float, user: str = OPERATOR_USER) -> list[str]:
     """The verbs of the operator's (or `user`'s) requests received between two times (the
     audit log)."""
-    from datetime import datetime
-
     assert c.local.cp is not None
     got: dict[str, str] = {}  # one entry a request (a watch is logged at two stages)
     for ev in c.local.cp.audit():
         if (ev.get("user") or {}).get("username") != user:
             continue
-        at = datetime.fromisoformat(str(ev["requestReceivedTimestamp"])).timestamp()
-        if start <= at < end:
+        if start <= at(ev["requestReceivedTimestamp"]) < end:
             got[str(ev["auditID"])] = str(ev["verb"])
     return list(got.values())
 
 
-def operator_writes(c: Hollow, start: float, end: float) -> Counter[str]:
-    """The operator's writes between two times by verb and resource, and the refused ones by
-    their code (the audit log)."""
-    from datetime import datetime
+def operator_write_events(c: Hollow, start: float, end: float) -> list[dict[str, Any]]:
+    """The audit log's events of the operator's writes received between two times (a write is
+    logged once, when its response is complete)."""
+    return [
+        ev
+        for ev in c.cp.audit()
+        if (ev.get("user") or {}).get("username") == OPERATOR_USER
+        and ev["verb"] not in READS
+        and start <= at(ev["requestReceivedTimestamp"]) < end
+    ]
 
+
+def operator_writes(events: list[dict[str, Any]]) -> Counter[str]:
+    """The operator's writes by verb and resource, and the refused ones by their code."""
     got: dict[str, str] = {}
-    for ev in c.cp.audit():
-        if (ev.get("user") or {}).get("username") != OPERATOR_USER or ev["verb"] in READS:
-            continue
-        at = datetime.fromisoformat(str(ev["requestReceivedTimestamp"])).timestamp()
-        if start <= at < end:
-            ref = ev.get("objectRef") or {}
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            code = int((ev.get("responseStatus") or {}).get("code") or 0)
-            refused = f" ({code})" if code >= 300 else ""  # e.g. 409: already there
-            got[str(ev["auditID"])] = f"{ev['verb']} {ref.get('resource', '?')}{sub}{refused}"
+    for ev in events:
+        ref = ev.get("objectRef") or {}
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        code = int((ev.get("responseStatus") or {}).get("code") or 0)
+        refused = f" ({code})" if code >= 300 else ""  # e.g. 409: already there
+        got[str(ev["auditID"])] = f"{ev['verb']} {ref.get('resource', '?')}{sub}{refused}"
     return Counter(got.values())
 
 
 READS = frozenset({"get", "list", "watch"})
 
 
-def server_seconds(c: Hollow, start: float, end: float) -> dict[str, list[float]]:
-    """How long the apiserver itself took over each of the operator's writes received between
-    two times, by verb (the audit log: received -> response complete), and how much of that
-    was its wait in the apiserver's priority-and-fairness queue ("apf")."""
-    from datetime import datetime
-
-    def at(stamp: object) -> float:
-        return datetime.fromisoformat(str(stamp)).timestamp()
-
+def server_seconds(events: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """How long the apiserver itself took over each of the operator's writes, by verb
+    (received -> response complete), and how much of that was its wait in the apiserver's
+    priority-and-fairness queue ("apf")."""
     got: dict[str, list[float]] = {}
-    for ev in c.cp.audit():
-        if (ev.get("user") or {}).get("username") != OPERATOR_USER or ev["verb"] in READS:
+    for ev in events:
+        if ev.get("stage") != "ResponseComplete":
             continue
-        received = at(ev["requestReceivedTimestamp"])
-        if ev.get("stage") != "ResponseComplete" or not start <= received < end:
-            continue
-        took = at(ev["stageTimestamp"]) - received
+        took = at(ev["stageTimestamp"]) - at(ev["requestReceivedTimestamp"])
         got.setdefault(str(ev["verb"]), []).append(took)
         wait = (ev.get("annotations") or {}).get("apiserver.latency.k8s.io/apf-queue-wait")
         if wait:
@@ -426,8 +426,8 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
         wait_for(lambda: running() == jobs, 3600, "all jobs Running", interval=5)
         settle, cpu = time.monotonic() - t0, cpu_by_part(c)
         used = sorted(((cpu[k] - cpu0[k], k) for k in cpu), reverse=True)
-        writes = operator_writes(c, wall0, time.time())
-        served = server_seconds(c, wall0, time.time())
+        events = operator_write_events(c, wall0, time.time())
+        writes, served = operator_writes(events), server_seconds(events)
         metrics = scrape(c)
         p50 = histogram_quantile(metrics, "etoperator_reconcile_duration_seconds", 0.5)
         p99 = histogram_quantile(metrics, "etoperator_reconcile_duration_seconds", 0.99)
