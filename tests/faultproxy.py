@@ -1,5 +1,6 @@
 """A thin HTTPS proxy in front of the real apiserver that injects faults into the operator's
-requests: a refusal of the next matching write (409, 500, ...) or a cut of every open watch.
+requests: a refusal of the next matching write (409, 500, ...), matching writes held until the
+test lets them through (an apiserver slow to answer), or a cut of every open watch.
 The operator authenticates with a bearer token, which passes through unchanged."""
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class FaultProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _crash: Crash | None = None
+    _gates: list[tuple[Fault, threading.Event]] = field(default_factory=list)
     held: set[str] = field(default_factory=set)  # plurals whose watch events are held back
 
     @property
@@ -91,9 +93,19 @@ class FaultProxy:
         with self._lock:
             self.faults.append(Fault(verb, resource, status, times))
 
+    def gate(self, verb: str, resource: str) -> threading.Event:
+        """Matching requests wait (the apiserver has not seen them) until the event is set."""
+        opened = threading.Event()
+        with self._lock:
+            self._gates.append((Fault(verb, resource, 0), opened))
+        return opened
+
     def clear(self) -> None:
         with self._lock:
             self.faults.clear()
+            for _, opened in self._gates:
+                opened.set()
+            self._gates.clear()
 
     def arm_crash(self, crash: Crash) -> Crash:
         with self._lock:
@@ -158,6 +170,10 @@ class FaultProxy:
             return web.json_response(_status(fault.status), status=fault.status)
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return await self._websocket(request)
+        with self._lock:
+            gates = [g for f, g in self._gates if f.matches(request.method, request.path)]
+        while gates and not gates[0].is_set():
+            await asyncio.sleep(0.02)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         body = await request.read()
         # Decided as the write arrives, so `fired` is set before the write can be seen landed.

@@ -170,8 +170,9 @@ def launch(
     if not launched:
         if d.launcher is None and m.members and len(ready) == len(m.members):
             m = Members(m.members, m.members)
-            d.plan.create_launcher = True
+            d.plan.create_launcher = d.inp.launcher_access
             say_workers_ready(d, len(m.members), event=True)
+        # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")
         return m
     m = m.hosting(*(n for n in ready if n not in newcomers))

@@ -83,6 +83,7 @@ class JobInput:
     public_key: str | None = None  # the job's SSH public key, recorded for a later rotation
     squatted: tuple[str, ...] = ()  # worker names held by pods that are not this job's
     hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
+    launcher_access: bool = True  # the launcher's account, Role and binding are there
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
 
 

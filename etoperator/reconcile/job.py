@@ -59,6 +59,11 @@ log = logging.getLogger(__name__)
 # and a pass's events go at once, at most this many in flight over all passes: a first pass
 # waits for the slowest create, not for the sum of ~20.
 CREATES_AT_ONCE = 16
+# Launchers' accounts, Roles and bindings are made off the passes, a job's in order, this many
+# jobs' at once (the apiserver takes 0.2 s or more over each Role and binding).
+ACCESS_AT_ONCE = 4
+# A pass comes back this soon while its launcher's access is being made, to tell what that met.
+ACCESS_CHECK = Next(1.0, "the launcher's account, Role and binding being made")
 
 
 def plan_next(plan: Plan) -> Next:
@@ -102,7 +107,8 @@ class JobReconciler:
                 16, "etoperator-ssh"
             ), ssh_checks, max_workers, tainted_nodes,
         )  # fmt: skip
-        children = Children(kube, keys, writes, pool, clock)
+        access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
+        children = Children(kube, keys, writes, pool, access, clock)
         scripts = Scripts(kube, writes, clock)
         return cls(kube, observer, children, scripts, writes, keys, pool, clock)
 
@@ -161,6 +167,7 @@ class JobReconciler:
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
             problems=(*basics, *acted.problems),
             hold=bool(basics),
+            launcher_access=obs.spec is not None and self.children.access_ready(obs),
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
@@ -187,6 +194,8 @@ class JobReconciler:
             and not self._acted.get(jid, Acted()).problems
         ):
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
+        if self.children.making_access(jid) and plan.requeue > ACCESS_CHECK.seconds:
+            return ACCESS_CHECK
         return plan_next(plan)
 
     def going_away(self, namespace: str, plan: Plan) -> bool:

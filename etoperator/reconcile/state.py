@@ -96,7 +96,7 @@ def in_parallel(
 class Writes:
     """Our writes the watch caches may not show yet: per job view (the job, its scalers), each
     object's versions a write of ours replaced (a pass that sees one waits for the watch), and
-    the pods and Services we created that their caches have yet to show (not created again
+    the children we created that their caches have yet to show (not created again
     meanwhile: under load those caches lag the job's by seconds, and each second try would only
     meet a 409)."""
 
@@ -127,12 +127,12 @@ class Writes:
         self._made.setdefault(view_of(job), {})[(kind, name)] = time.monotonic()
 
     def unseen(self, obs: Observed) -> set[tuple[str, str]]:
-        """(kind, name) of the pods and Services of the job we created that its caches do not
+        """(kind, name) of the children of the job we created that its caches do not
         show yet. Forgotten once shown, or after MADE_UNSEEN seconds (deleted before the cache
         saw it: create it again)."""
         mine = self._made.get(view_of(obs.job), {})
         shown = {("Pod", p["metadata"]["name"]) for p in obs.pods}
-        shown |= {("Service", s["metadata"]["name"]) for s in obs.services}
+        shown |= {("Service", s["metadata"]["name"]) for s in obs.services} | obs.present
         now = time.monotonic()
         for child, at in list(mine.items()):
             if child in shown or now - at > MADE_UNSEEN:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import Cluster, wait_for
+from tests.harness import Cluster, Timeout, wait_for
 from tests.support.manifests import REFUSE_KEY, job
 from tests.support.waits import passes, running
 
@@ -246,3 +246,24 @@ def test_a_namespace_going_away_takes_its_jobs_without_a_word(cluster: Cluster) 
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
     wait_for(gone, 60, "the jobs gone with their namespace", interval=0.02)
     assert seen <= {"Running"}, seen
+
+
+def test_workers_start_while_the_launchers_rbac_is_made(cluster: Cluster, ns: str) -> None:
+    """The apiserver makes a Role or a RoleBinding slowly where a namespace holds many (it
+    lists every binding there to rule out an escalation: 0.2 s each with 150 jobs, over 1 s at
+    p99). Only the launcher needs its account, Role and binding: the workers are made while
+    they are, and the launcher waits for them."""
+    opened = cluster.proxy.gate("create", "rolebindings")
+    try:
+        cluster.create(job("slowrb", replicas=2), ns)
+        wait_for(lambda: len(cluster.pods(ns, "slowrb", "worker")) == 2, 10, "the workers")
+        ready = wait_for(lambda: cluster.condition(ns, "slowrb", "WorkersReady") or {}, 60)
+        assert ready["status"] == "True"
+        assert cluster.api.get("RoleBinding", ns, "slowrb-launcher") is None
+        with pytest.raises(Timeout):  # passes meanwhile (one a second at least) leave it so
+            wait_for(lambda: cluster.pods(ns, "slowrb", "launcher"), 3, "no launcher")
+    finally:
+        opened.set()
+        cluster.proxy.clear()
+    running(cluster, ns, "slowrb")
+    assert cluster.api.get("RoleBinding", ns, "slowrb-launcher") is not None
