@@ -43,7 +43,7 @@ RECONCILE_SECONDS = Histogram(
 PASS_WAIT_SECONDS = Histogram(
     "etoperator_pass_wait_seconds",
     "How long a woken job waited for a free thread before its pass, by whether the job had a "
-    "phase yet (new jobs take at most half the threads)",
+    "phase yet (new jobs take at most two threads at once)",
     ["job"],
     buckets=PASS_BUCKETS,
     registry=REGISTRY,

@@ -28,6 +28,10 @@ MAX_BACKOFF = 60.0
 # endpoints, the next pod's) becomes one pass and one status write, while a lone event after a
 # quiet spell still starts its pass at once.
 GAP = 0.1
+# New jobs' first passes at once. Each makes ~20 objects at once through the creates' pool
+# (16 in flight, shared by all passes): more first passes at once only queue behind each
+# other's creates, each slower, and no more of them done in a second.
+NEW_AT_ONCE = 2
 
 
 @dataclass
@@ -56,12 +60,13 @@ class Runtime:
 
     @contextlib.asynccontextmanager
     async def turn(self, new: bool) -> AsyncIterator[None]:
-        """A thread's turn for a job's pass. Jobs with no phase yet (`new`) take at most half
-        the threads: their first passes make ~20 objects each and are slow while hundreds
-        start at once, and a running job's pass (a worker lost) must not wait behind them."""
+        """A thread's turn for a job's pass. Jobs with no phase yet (`new`) take at most
+        NEW_AT_ONCE threads: their first passes make ~20 objects each, a running job's pass (a
+        worker lost) must not wait behind hundreds of them, and more at once would not make
+        more of them a second (see NEW_AT_ONCE)."""
         if self._turns is None or self._new_turns is None:
             self._turns = asyncio.Semaphore(self.workers)
-            self._new_turns = asyncio.Semaphore(max(1, self.workers // 2))
+            self._new_turns = asyncio.Semaphore(min(NEW_AT_ONCE, self.workers))
         if new:
             async with self._new_turns, self._turns:
                 yield
