@@ -452,7 +452,7 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
         slow += f" ({float(stale[1]) if stale else 0:.0f} not run: the cache behind a write)"
         by_step = ", ".join(
             f"{step} {step_p99(metrics, step)} ({over(metrics, step)} over 0.5)"
-            for step in ("basics", "plan", "writes", "children")
+            for step in ("basics", "views", "plan", "writes", "children")
         )
         wait_for(
             lambda: not operator_requests(c, time.time() - 10, time.time()),

@@ -18,10 +18,10 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
 from typing import Any
 
 from etoperator import metrics, naming
@@ -45,8 +45,8 @@ from etoperator.reconcile.state import (
     STALE,
     Keys,
     Next,
+    Recorder,
     Writes,
-    in_parallel,
     job_id,
     job_prefix,
     merge_patch,
@@ -55,10 +55,11 @@ from etoperator.reconcile.state import (
 from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
-# A job's independent creates (its Services and worker pods, its Secret, ConfigMap and RBAC)
-# and a pass's events go at once, at most this many in flight over all passes: a first pass
-# waits for the slowest create, not for the sum of ~20.
+# A job's independent creates (its Services and worker pods, its Secret and ConfigMap) go at
+# once, at most this many in flight over all passes: a first pass waits for the slowest
+# create, not for the sum of ~20.
 CREATES_AT_ONCE = 16
+SLOW_PASS = 0.5  # a pass longer than this is logged with each step's time
 # Launchers' accounts, Roles and bindings are made off the passes, a job's in order, this many
 # jobs' at once (the apiserver takes 0.2 s or more over each Role and binding).
 ACCESS_AT_ONCE = 4
@@ -83,6 +84,7 @@ class JobReconciler:
     writes: Writes
     keys: Keys
     pool: concurrent.futures.ThreadPoolExecutor  # independent writes made at once
+    recorder: Recorder  # a pass's events, posted off the pass
     clock: Callable[[], datetime] = utcnow
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
@@ -110,7 +112,8 @@ class JobReconciler:
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
         children = Children(kube, keys, writes, pool, access, clock)
         scripts = Scripts(kube, writes, clock)
-        return cls(kube, observer, children, scripts, writes, keys, pool, clock)
+        recorder = Recorder(kube, concurrent.futures.ThreadPoolExecutor(2, "etoperator-event"))
+        return cls(kube, observer, children, scripts, writes, keys, pool, recorder, clock)
 
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems, scripts, writes)."""
@@ -137,23 +140,37 @@ class JobReconciler:
             metrics.STALE_VIEWS.inc()
             return STALE
         metrics.RECONCILES.inc()
-        with metrics.RECONCILE_SECONDS.time():
-            try:
-                return self.reconcile_observed(obs)
-            except ApiError as exc:
-                if not refused(exc):
-                    raise
-                self.report_refused(obs, exc)
-                return REFUSED
+        took: dict[str, float] = {}
+        start = time.monotonic()
+        try:
+            return self.reconcile_observed(obs, took)
+        except ApiError as exc:
+            if not refused(exc):
+                raise
+            self.report_refused(obs, exc)
+            return REFUSED
+        finally:
+            secs = time.monotonic() - start
+            metrics.RECONCILE_SECONDS.observe(secs)
+            if secs > SLOW_PASS:
+                meta = obs.job["metadata"]
+                steps = " ".join(f"{k}={v:.2f}s" for k, v in took.items())
+                log.info(
+                    "Slow pass namespace=%s job=%s took=%.2fs %s",
+                    meta["namespace"], meta["name"], secs, steps,
+                )  # fmt: skip
 
-    def reconcile_observed(self, obs: Observed) -> Next:
-        """observe (done) -> plan -> act; the seconds until the next pass."""
+    def reconcile_observed(self, obs: Observed, took: dict[str, float]) -> Next:
+        """observe (done) -> plan -> act; the seconds until the next pass. Each step's time
+        goes into `took`."""
         job = obs.job
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         jid = job_id(namespace, name, job["metadata"]["uid"])
         acted = self._acted.get(jid, Acted())
-        with metrics.PASS_STEP_SECONDS.labels("basics").time():
+        with metrics.pass_step(took, "basics"):
             basics = self.children.ensure_basics(obs) if obs.spec is not None else []
+        with metrics.pass_step(took, "views"):
+            pods, scalers = self.observer.pod_views(obs), self.observer.scaler_views(obs)
         inp = JobInput(
             name=name,
             namespace=namespace,
@@ -161,8 +178,8 @@ class JobReconciler:
             spec=obs.spec,
             error=obs.error,
             status=copy.deepcopy(job.get("status") or {}),
-            pods=self.observer.pod_views(obs),
-            scalers=self.observer.scaler_views(obs),
+            pods=pods,
+            scalers=scalers,
             now=self.clock(),
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
             problems=(*basics, *acted.problems),
@@ -172,12 +189,12 @@ class JobReconciler:
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
         )
-        with metrics.PASS_STEP_SECONDS.labels("plan").time():
+        with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)
         if self.going_away(namespace, plan):
             return GOING
         try:
-            self.act(obs, inp, plan)
+            self.act(obs, inp, plan, took)
         except Conflict as exc:
             log.info("Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc)
             return CONFLICT
@@ -250,19 +267,19 @@ class JobReconciler:
             log.debug("No-op write kind=%s name=%s", body["kind"], meta["name"])
         return new
 
-    def act(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
-        with metrics.PASS_STEP_SECONDS.labels("writes").time():
+    def act(self, obs: Observed, inp: JobInput, plan: Plan, took: dict[str, float]) -> None:
+        with metrics.pass_step(took, "writes"):
             self.write_plan(obs, inp, plan)
         if inp.spec is None or inp.hold:
             return
-        with metrics.PASS_STEP_SECONDS.labels("children").time():
+        with metrics.pass_step(took, "children"):
             jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
             self._acted[jid] = self.children.act(obs, inp.spec, plan)
             self.scripts.run(obs, plan)
 
     def write_plan(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
         """Scalers adopted, scaler statuses, the job status and spec replicas, in that order;
-        then the pass's events, posted at once."""
+        then the pass's events, handed to the recorder."""
         job = obs.job
         by_kind_name = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         # 0. scalers get a controller reference to their job (so they go with it).
@@ -304,10 +321,9 @@ class JobReconciler:
                 metrics.WORKERS_LOST.inc()
             elif ev.reason == "WorkerReplaced":
                 metrics.WORKERS_REPLACED.inc()
-        post, now = self.kube.event, self.clock()
-        in_parallel(
-            self.pool, [partial(post, o, ev.type, ev.reason, ev.message, now) for o, ev in about]
-        )
+        now = self.clock()
+        for o, ev in about:
+            self.recorder.post(o, ev.type, ev.reason, ev.message, now)
 
     def reconcile_orphan_scaler(self, kind: str, namespace: str, name: str) -> None:
         body = self.kube.get(kind, namespace, name)

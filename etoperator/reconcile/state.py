@@ -1,27 +1,31 @@
 """Small pieces every part of the reconciler uses: when the next pass is wanted (`Next`), how
 a job's memory is filed, the writes of ours the cache has yet to show (`Writes`), the SSH keys
-held (`Keys`), and independent writes made at once (`in_parallel`)."""
+held (`Keys`), independent writes made at once (`in_parallel`), and a pass's events posted
+off the pass (`Recorder`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, TypeVar
 
 import paramiko
 
 from etoperator import naming
 from etoperator.cache import Observed
-from etoperator.kube import ApiError
+from etoperator.kube import ApiError, Kube
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 USER_SECRET_RECHECK = 900.0  # seconds
 MADE_UNSEEN = 30.0  # seconds a child we created may take to show in the cache before made again
+EVENTS_WAITING = 1000  # events waiting to be posted at most; more are dropped (and logged)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,39 @@ def in_parallel(
     futures = [pool.submit(task) for task in tasks]
     concurrent.futures.wait(futures)
     return [f.result() for f in futures]
+
+
+@dataclass
+class Recorder:
+    """A pass's events, posted off the pass as client-go's recorder posts them: a pass never
+    waits for them (best effort, as events are). At most EVENTS_WAITING wait: an apiserver
+    that takes none must not grow the operator's memory; past that they are dropped, logged."""
+
+    kube: Kube
+    pool: concurrent.futures.ThreadPoolExecutor
+    _waiting: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def post(
+        self, obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime
+    ) -> None:
+        with self._lock:
+            full = self._waiting >= EVENTS_WAITING
+            self._waiting += 0 if full else 1
+        if full:
+            name = obj.get("metadata", {}).get("name")
+            log.warning("Event dropped reason=%s object=%s (too many waiting)", reason, name)
+            return
+        self.pool.submit(self._post, obj, etype, reason, message, now)
+
+    def _post(
+        self, obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime
+    ) -> None:
+        try:
+            self.kube.event(obj, etype, reason, message, now)
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
 
 @dataclass
