@@ -450,6 +450,7 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
         stale = re.search(r"^etoperator_stale_views_total ([0-9.e+]+)$", metrics, re.M)
         slow = f"{passes[float('inf')] - passes[0.5]:.0f} of {passes[float('inf')]:.0f}"
         slow += f" ({float(stale[1]) if stale else 0:.0f} not run: the cache behind a write)"
+        slow_passes = slow_pass_summary(c.operator.log.read_text(errors="replace"))
         by_step = ", ".join(
             f"{step} {step_p99(metrics, step)} ({over(metrics, step)} over 0.5)"
             for step in ("basics", "views", "plan", "writes", "children")
@@ -478,6 +479,8 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
             ("P5", "... a woken job's wait for a free thread, p50 / p99: new jobs; started",
              f"<= {waited[0]}s / <= {waited[1]}s; <= {waited[2]}s / <= {waited[3]}s", ""),
             ("P5", "... p99 of each step of a pass (<= s)", by_step, ""),
+            ("P5", "... the slow passes (operator log): by the job's phase; their time outside "
+             "the steps, p50 / max", slow_passes, ""),
             ("P5", "... the apiserver's own time over the operator's writes, p50 / p99 (n)",
              ", ".join(f"{v} {pct(t, 0.5):.3f} / {pct(t, 0.99):.3f} s ({len(t)})"
                        for v, t in sorted(served.items())), ""),
@@ -494,6 +497,21 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
         ]  # fmt: skip
     finally:
         c.stop()
+
+
+def slow_pass_summary(log_text: str) -> str:
+    """The operator's "Slow pass" lines: how many by the job's phase, and how much of their
+    time no step accounts for (the thread waiting to run, or work between steps)."""
+    phases: Counter[str] = Counter()
+    outside: list[float] = []
+    for m in re.finditer(r"Slow pass .* phase=(\S+) took=([0-9.]+)s(.*)", log_text):
+        phases[m[1]] += 1
+        steps = sum(float(v) for v in re.findall(r"=([0-9.]+)s", m[3]))
+        outside.append(float(m[2]) - steps)
+    if not outside:
+        return "none"
+    by_phase = ", ".join(f"{p} {n}" for p, n in phases.most_common())
+    return f"{by_phase}; {pct(outside, 0.5):.2f} / {max(outside):.2f} s"
 
 
 def p7(tmp: Path, jobs: int = 20, minutes: float = 5.0) -> list[Row]:

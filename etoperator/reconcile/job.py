@@ -153,11 +153,11 @@ class JobReconciler:
             secs = time.monotonic() - start
             metrics.RECONCILE_SECONDS.observe(secs)
             if secs > SLOW_PASS:
-                meta = obs.job["metadata"]
+                meta, phase = obs.job["metadata"], (obs.job.get("status") or {}).get("phase")
                 steps = " ".join(f"{k}={v:.2f}s" for k, v in took.items())
                 log.info(
-                    "Slow pass namespace=%s job=%s took=%.2fs %s",
-                    meta["namespace"], meta["name"], secs, steps,
+                    "Slow pass namespace=%s job=%s phase=%s took=%.2fs %s",
+                    meta["namespace"], meta["name"], phase or "-", secs, steps,
                 )  # fmt: skip
 
     def reconcile_observed(self, obs: Observed, took: dict[str, float]) -> Next:
