@@ -18,7 +18,7 @@ import kopf
 from etoperator import cache, kube, metrics, naming
 from etoperator.api.statuses import JobStatus
 from etoperator.leader import LeaderElection
-from etoperator.reconcile.job import JobReconciler
+from etoperator.reconcile.job import REQUEST_THREADS, JobReconciler
 from etoperator.runtime import Runtime
 from etoperator.settings import Settings
 from etoperator.sshcheck import SSHProber
@@ -55,7 +55,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
-    api = kube.load_config(cfg.kubeconfig, connections=2 * cfg.workers)
+    # A connection for every thread that may make a request at once (SSH probes make none).
+    api = kube.load_config(cfg.kubeconfig, connections=cfg.workers + REQUEST_THREADS)
     api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
     tainted: set[str] = set()  # nodes about to be taken away: the node watch fills it
     reconciler = JobReconciler.build(

@@ -57,12 +57,15 @@ from etoperator.sshcheck import SSHProber
 log = logging.getLogger(__name__)
 # A job's independent creates (its Services and worker pods, its Secret and ConfigMap) go at
 # once, at most this many in flight over all passes: a first pass waits for the slowest
-# create, not for the sum of ~20.
-CREATES_AT_ONCE = 16
+# create, not for the sum of ~20, and two first passes at once (NEW_AT_ONCE) do not queue
+# behind each other's 16.
+CREATES_AT_ONCE = 32
 SLOW_PASS = 0.5  # a pass longer than this is logged with each step's time
 # Launchers' accounts, Roles and bindings are made off the passes, a job's in order, this many
 # jobs' at once (the apiserver takes 0.2 s or more over each Role and binding).
 ACCESS_AT_ONCE = 4
+EVENT_THREADS = 2  # a pass's events, posted off the pass
+REQUEST_THREADS = CREATES_AT_ONCE + ACCESS_AT_ONCE + EVENT_THREADS  # beside the passes' own
 # A pass comes back this soon while its launcher's access is being made, to tell what that met.
 ACCESS_CHECK = Next(1.0, "the launcher's account, Role and binding being made")
 
@@ -112,7 +115,9 @@ class JobReconciler:
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
         children = Children(kube, keys, writes, pool, access, clock)
         scripts = Scripts(kube, writes, clock)
-        recorder = Recorder(kube, concurrent.futures.ThreadPoolExecutor(2, "etoperator-event"))
+        recorder = Recorder(
+            kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
+        )
         return cls(kube, observer, children, scripts, writes, keys, pool, recorder, clock)
 
     def forget(self, namespace: str, job: str) -> None:
