@@ -29,8 +29,9 @@ MAX_BACKOFF = 60.0
 # quiet spell still starts its pass at once.
 GAP = 0.1
 # New jobs' first passes at once. Each makes ~20 objects at once through the creates' pool
-# (16 in flight, shared by all passes): more first passes at once only queue behind each
-# other's creates, each slower, and no more of them done in a second.
+# (reconcile.job.CREATES_AT_ONCE in flight, shared by all passes, sized for two of them): more
+# first passes at once only queue behind each other's creates, each slower, and no more of
+# them done in a second.
 NEW_AT_ONCE = 2
 
 
