@@ -113,6 +113,19 @@ def last_cluster_stopped() -> None:
         release_namespaces_dir()
 
 
+def clear_killed_runs() -> list[int]:
+    """What clusters killed before they could stop left in the slots no cluster holds (their
+    pods' processes, namespaces, links, cgroups, mounts), and once none runs what they share.
+    Returns the slots that held something."""
+    cleared = []
+    for slot in free_slots():
+        nodes = reclaim(slot)
+        if Network(slot).delete() or nodes:
+            cleared.append(slot)
+    last_cluster_stopped()
+    return cleared
+
+
 @dataclass
 class LocalCluster:
     dir: Path
@@ -160,9 +173,7 @@ class LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cp = ControlPlane(self.dir / "controlplane", port=self.api_port)
         if self.nodes:
-            for stale in free_slots():
-                reclaim(stale)
-                Network(stale).delete()
+            clear_killed_runs()
             slot, self._slot_lock = claim_slot()
             self.real = Nodes(self.dir / "nodes", self.nodes)
             self.cp.address = self.real.network(slot).gateway

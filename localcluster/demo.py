@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from localcluster import procs
-from localcluster.cluster import KubectlFailed, LocalCluster
+from localcluster.cluster import KubectlFailed, LocalCluster, clear_killed_runs
 from localcluster.controlplane import binaries
 from localcluster.tour import JOB, Tour, TourFailed
 
@@ -110,6 +110,9 @@ def down(d: Path, explicit: bool) -> int:
     pids = [pid] if pid is not None else ([] if explicit else running_demos())
     if not pids:
         print(f"no demo is running (nothing in {d})" if explicit else "no demo is running")
+        cleared = clear_killed_runs()
+        if cleared:
+            print(f"cleared what a killed cluster left here (slot {', '.join(map(str, cleared))})")
         return 0
     for p in pids:
         os.kill(p, signal.SIGTERM)

@@ -163,7 +163,17 @@ class Network:
         )
         return ns
 
-    def delete(self) -> None:
+    def delete(self) -> bool:
+        """The slot's veths, namespaces and bridge; whether there were any. A veth goes with
+        its namespace only once the kernel has torn that down, later: it is deleted first."""
+        links = Path("/sys/class/net")
+        veths = sorted(links.glob(f"{self.bridge}n*"))
+        for veth in veths:
+            ip("link", "delete", veth.name, check=False)
         mine = sorted(NETNS_DIR.glob(f"{self.bridge}-n*")) if NETNS_DIR.exists() else []
         delete_netns([path.name for path in mine])
-        ip("link", "delete", self.bridge, check=False)
+        bridge = links / self.bridge
+        found = bool(veths or mine) or bridge.exists()
+        if bridge.exists():
+            ip("link", "delete", self.bridge, check=False)
+        return found

@@ -346,13 +346,31 @@ def forget_cni_results(ids: set[str]) -> None:
             f.unlink(missing_ok=True)
 
 
-def reclaim(slot: int) -> None:
+def cni_network(slot: int) -> str:
+    """The name of a slot's pod network: its pods' results in /var/lib/cni carry it."""
+    return f"etoperator-etok{slot}"
+
+
+def forget_slot_cni_results(slot: int) -> bool:
+    """The network results of a slot's pods (and their loopbacks'), whether its containerd
+    stores are known or not; whether there were any."""
+    if not CNI_RESULTS.is_dir():
+        return False
+    ours = re.compile(rf"^{cni_network(slot)}-([0-9a-f]{{64}})-")
+    ids = {m[1] for f in CNI_RESULTS.iterdir() if (m := ours.match(f.name))}
+    forget_cni_results(ids)
+    return bool(ids)
+
+
+def reclaim(slot: int) -> bool:
     """Everything of a slot's nodes that a killed run left: processes (pods, shims), mount
-    namespaces, cgroups. (The network goes with Network.delete.)"""
+    namespaces, cgroups; whether there was any. (The network goes with Network.delete.)"""
     prefix = f"etoperator-etok{slot}-"
-    for root in sorted((CGROUP / "pids").glob(prefix + "*")):
+    roots = sorted((CGROUP / "pids").glob(prefix + "*"))
+    for root in roots:
         _kill_tree(root)
-    for anchor in NAMESPACES.glob(f"etok{slot}-n*.mnt") if NAMESPACES.exists() else []:
+    anchors = sorted(NAMESPACES.glob(f"etok{slot}-n*.mnt")) if NAMESPACES.exists() else []
+    for anchor in anchors:
         subprocess.run(["umount", str(anchor)], check=False, capture_output=True)
         anchor.unlink(missing_ok=True)
         shutil.rmtree(anchor.with_suffix(""), ignore_errors=True)
@@ -360,6 +378,7 @@ def reclaim(slot: int) -> None:
     for controller in CGROUP.iterdir():
         for root in controller.glob(prefix + "*") if not controller.is_symlink() else []:
             _remove_tree(root)
+    return forget_slot_cni_results(slot) or bool(roots or anchors)
 
 
 def _kill_tree(base: Path) -> None:
@@ -446,7 +465,7 @@ def cni_config(net: Network, n: int, ipam_dir: Path) -> dict[str, object]:
     address of one just deleted, which the node still reached at the old pod's MAC for ~40 s."""
     return {
         "cniVersion": "1.0.0",
-        "name": "etoperator-local",
+        "name": cni_network(net.slot),
         "plugins": [
             {
                 "type": "bridge",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from localcluster import procs
+from localcluster.cluster import clear_killed_runs
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.fullchain
@@ -53,26 +54,38 @@ def host_state() -> dict[str, object]:
     }
 
 
+def machine_as_found() -> dict[str, object]:
+    """This machine's state once what runs killed before they could stop left is cleared (a
+    cluster's start clears it too: see the test below), so that it is not counted as ours."""
+    clear_killed_runs()
+    return host_state()
+
+
+def demo_up(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`make demo` with ARGS="--dir state ...", read until it waits to be stopped."""
+    demo = subprocess.Popen(
+        [
+            sys.executable, "-m", "localcluster.demo",
+            "--dir", str(state), "--api-port", str(procs.free_port()), *args,
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert demo.stdout is not None
+    seen = []
+    for line in demo.stdout:
+        seen.append(line)
+        if "stops it" in line:
+            break
+    return demo, "".join(seen)
+
+
 def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
     """The tour, then the demo keeps running until `make demo-down` (no arguments) stops it,
     although it was started with ARGS="--dir X"."""
     state, results = tmp_path / "demo", tmp_path / "timings.json"
-    before = host_state()
-    demo = subprocess.Popen(
-        [
-            sys.executable, "-m", "localcluster.demo",
-            "--dir", str(state), "--api-port", str(procs.free_port()), "--results", str(results),
-        ],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    before = machine_as_found()
+    demo, out = demo_up(state, "--results", str(results))
     try:
-        assert demo.stdout is not None
-        seen = []
-        for line in demo.stdout:
-            seen.append(line)
-            if "stops it" in line:
-                break
-        out = "".join(seen)
         print(out[-6000:])
         for stage in (
             "control-plane binaries ready",
@@ -104,6 +117,30 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
     assert processes_mentioning(str(state)) == []
     assert not state.exists()
     assert host_state() == before
+
+
+def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> None:
+    """A demo killed outright (SIGKILL: it stops nothing) leaves its pods running, its node's
+    namespaces, links, cgroups, mounts and the pods' network results; `make demo-down` finds no
+    demo to stop and clears all of it, leaving this machine as it was."""
+    state = tmp_path / "demo"
+    before = machine_as_found()
+    demo, out = demo_up(state, "--no-tour")
+    try:
+        assert "operator deployed" in out, out[-3000:]
+        up = host_state()
+        assert up["netns"] != before["netns"] and up["cni results"] != before["cni results"]
+    finally:
+        demo.kill()
+        demo.wait(60)
+    assert host_state()["netns"] == up["netns"]  # what a killed run leaves
+    down = subprocess.run(
+        ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert down.returncode == 0 and "no demo is running" in down.stdout, down.stdout
+    assert "cleared what" in down.stdout, down.stdout
+    assert host_state() == before
+    assert processes_mentioning(str(state)) == []
 
 
 def test_demo_refuses_a_port_in_use_clearly(tmp_path: Path) -> None:
