@@ -6,6 +6,7 @@ version does not know are carried through."""
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
@@ -44,6 +45,7 @@ _REPLICA_STATUSES: Schema = {
 }
 
 
+@functools.cache
 def _wire(name: str) -> str:
     return re.sub(r"_([a-z])", lambda m: m[1].upper(), name)
 

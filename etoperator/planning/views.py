@@ -57,7 +57,8 @@ class ScalerView:
 
     @property
     def phase(self) -> str:
-        return self.typed.phase or ""
+        """Read off the status as it is (the planner asks every scaler's, often)."""
+        return str(self.status.get("phase") or "")
 
     @property
     def planned(self) -> list[str]:

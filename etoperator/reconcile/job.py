@@ -124,6 +124,7 @@ class JobReconciler:
         """The job is gone: drop all memory of it (keys, checks, problems, scripts, writes)."""
         prefix = job_prefix(namespace, job)
         self.keys.forget(prefix)
+        self.observer.forget(prefix)
         self.children.forget(prefix)
         self.scripts.forget(prefix)
         self.writes.forget(namespace, job)

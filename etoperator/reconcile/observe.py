@@ -177,6 +177,8 @@ class Observer:
     ssh_checks: bool = True  # off: a Running worker counts as ready (no network path to pods)
     max_workers: int = DEFAULT_MAX_WORKERS
     tainted_nodes: Callable[[], set[str]] = set  # nodes announced to be taken away
+    # Per job: each scaler's view by its uid, with the resourceVersion it was made from.
+    _scaler_views: dict[str, dict[str, tuple[str | None, ScalerView]]] = field(default_factory=dict)
 
     def parse(self, obs: Observed) -> Observed:
         try:
@@ -254,6 +256,25 @@ class Observer:
         code, out = self.kube.exec_in_pod(spec.namespace, pod, ["sh", "-c", busy_script(pod)], 10)
         return out.strip() == "busy" if code == 0 else None
 
-    @staticmethod
-    def scaler_views(obs: Observed) -> list[ScalerView]:
-        return [scaler_view(s, obs.job["metadata"]["uid"]) for s in obs.scalers]
+    def scaler_views(self, obs: Observed) -> list[ScalerView]:
+        """The job's scalers as the planner sees them, each parsed again only once it changed:
+        finished ones stay, and a job scaled often gathers hundreds, each parsed on every pass."""
+        meta = obs.job["metadata"]
+        jid = job_id(meta["namespace"], meta["name"], meta["uid"])
+        known, fresh = self._scaler_views.get(jid, {}), {}
+        for body in obs.scalers:
+            smeta = body["metadata"]
+            key, version = smeta.get("uid") or smeta["name"], smeta.get("resourceVersion")
+            hit = known.get(key)
+            view = hit[1] if hit and version and hit[0] == version else None
+            fresh[key] = (version, view or scaler_view(body, meta["uid"]))
+        self._scaler_views[jid] = fresh
+        return [view for _, view in fresh.values()]
+
+    def forget(self, prefix: str) -> None:
+        for jid in [k for k in list(self._scaler_views) if k.startswith(prefix)]:
+            self._scaler_views.pop(jid, None)
+
+    def held_views(self) -> int:
+        """How many scaler views are kept (for the memory they hold)."""
+        return sum(len(views) for views in list(self._scaler_views.values()))

@@ -11,6 +11,7 @@ from etoperator.api.statuses import JobStatus
 from etoperator.cache import Observed
 from etoperator.reconcile import state
 from etoperator.reconcile.observe import (
+    Observer,
     classify,
     probes_wanted,
     scale_in_victims,
@@ -145,3 +146,30 @@ def test_classify_tells_why_a_pending_pod_cannot_run() -> None:
         "",
         "",
     ]
+
+
+def test_scaler_views_follow_each_change_and_forget_what_is_gone() -> None:
+    """Views are made again only for scalers that changed (a job scaled often keeps hundreds of
+    finished ones); a change, a scaler deleted and a job forgotten are each followed."""
+    observer = Observer(kube=None, keys=state.Keys())  # type: ignore[arg-type]
+    job = {**body("TrainingJob", "j", "1"), "metadata": {
+        "namespace": "ns", "name": "j", "uid": "u1", "resourceVersion": "1"}}  # fmt: skip
+
+    def scaler(name: str, version: str, phase: str) -> dict[str, Any]:
+        made = body("ScaleOut", name, version)
+        made["metadata"]["uid"] = f"uid-{name}"
+        made["spec"]["toAdd"] = {"count": 1}
+        return {**made, "status": {"phase": phase}}
+
+    done = [scaler(f"done-{i}", "7", "ScaleSucceeded") for i in range(3)]
+    views = observer.scaler_views(observed(job, *done, scaler("out", "8", "")))
+    assert [(v.name, v.phase) for v in views][-1] == ("out", "")
+    views = observer.scaler_views(observed(job, *done, scaler("out", "9", "Scaling")))
+    assert [v.phase for v in views] == ["ScaleSucceeded"] * 3 + ["Scaling"]
+    assert [v.name for v in observer.scaler_views(observed(job, done[0]))] == ["done-0"]
+    unversioned = scaler("out", "9", "ScaleSucceeded")
+    del unversioned["metadata"]["resourceVersion"]  # no version to go by: parsed every time
+    assert observer.scaler_views(observed(job, unversioned))[0].phase == "ScaleSucceeded"
+    observer.forget(state.job_prefix("ns", "j"))
+    assert observer.scaler_views(observed(job)) == []
+    assert observer.held_views() == 0
