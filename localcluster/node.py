@@ -222,6 +222,18 @@ class RealNode:
                 self.ctr("images", "import", str(archive))
                 with open(done_file, "a") as f:
                     f.write(archive.name + "\n")
+        self._drop_replaced_images()
+
+    def _drop_replaced_images(self) -> None:
+        """Images a newer import under the same name replaced (each rebuild of the operator's
+        image), which the runtime still references by digest: removed with what only they
+        use, so that the store holds what the node runs and no more."""
+        refs = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:]]
+        running = {image_name(archive) for archive in self.images}
+        digests = {ref[2] for ref in refs if ref[0] in running}
+        replaced = [ref[0] for ref in refs if len(ref) > 2 and ref[2] not in digests]
+        if replaced:
+            self.ctr("images", "rm", "--sync", *replaced)
 
     def _cgroups(self) -> None:
         """The node's cgroup root in every hierarchy (the kubelet makes what is below it), and

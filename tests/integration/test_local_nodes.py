@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.node import image_name
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import IMAGE
 
@@ -44,3 +45,16 @@ def test_each_node_hands_out_addresses_of_its_own(cluster: Cluster, ns: str) -> 
     wait_for(lambda: cluster.api.get("Pod", ns, "a") is None, 30, "a gone")
     c = run_pod(cluster, ns, "c", first)
     assert c != a
+
+
+def test_a_nodes_store_holds_only_the_images_it_runs(cluster: Cluster) -> None:
+    """Each rebuild of the operator's image is imported under the same name, and the runtime
+    kept a reference by digest to the image it replaced: a machine that rebuilt it often had
+    gigabytes of them in every node's store. The replaced ones are removed at the node's start."""
+    assert cluster.local.real is not None
+    for node in cluster.local.real.nodes:
+        refs = [line.split() for line in node.ctr("images", "ls").stdout.splitlines()[1:]]
+        running = {image_name(archive) for archive in node.images}
+        digests = {ref[2] for ref in refs if ref[0] in running}
+        assert running <= {ref[0] for ref in refs}
+        assert [ref[0] for ref in refs if ref[2] not in digests] == []
