@@ -6,6 +6,7 @@ here, a preemption notice."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import yaml
@@ -79,11 +80,15 @@ def test_workers_the_scheduler_cannot_place_are_said_on_the_job(chain: Chain) ->
     worker = doc["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
     worker["resources"] = {"requests": {"cpu": "64"}}
     assert c.kubectl_create(ns, doc).returncode == 0
-    cond = wait_for(lambda: c.condition(ns, JOB, "WorkersPending"), 30, "WorkersPending")
-    assert (
-        cond is not None and cond["status"] == "True" and "Insufficient cpu" in cond["message"]
-    ), cond
-    assert f"{JOB}-worker-0" in cond["message"]
+    workers = [f"{JOB}-worker-0", f"{JOB}-worker-1"]
+
+    def both_named() -> dict[str, Any] | None:
+        """The scheduler marks the pods one at a time: the message follows until both."""
+        cond = c.condition(ns, JOB, "WorkersPending")
+        return cond if cond and all(w in cond["message"] for w in workers) else None
+
+    cond = wait_for(both_named, 30, "WorkersPending naming both workers")
+    assert cond is not None and cond["status"] == "True" and "Insufficient cpu" in cond["message"], cond
     event = c.wait_event(ns, JOB, "WorkersPending", "Warning")
     assert "Insufficient cpu" in event["message"]
     assert c.phase(ns, JOB) == "Created"
