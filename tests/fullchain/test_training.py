@@ -88,7 +88,9 @@ def test_workers_the_scheduler_cannot_place_are_said_on_the_job(chain: Chain) ->
         return cond if cond and all(w in cond["message"] for w in workers) else None
 
     cond = wait_for(both_named, 30, "WorkersPending naming both workers")
-    assert cond is not None and cond["status"] == "True" and "Insufficient cpu" in cond["message"], cond
+    assert (
+        cond is not None and cond["status"] == "True" and "Insufficient cpu" in cond["message"]
+    ), cond
     event = c.wait_event(ns, JOB, "WorkersPending", "Warning")
     assert "Insufficient cpu" in event["message"]
     assert c.phase(ns, JOB) == "Created"
