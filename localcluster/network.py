@@ -172,8 +172,7 @@ class Network:
             ip("link", "delete", veth.name, check=False)
         mine = sorted(NETNS_DIR.glob(f"{self.bridge}-n*")) if NETNS_DIR.exists() else []
         delete_netns([path.name for path in mine])
-        bridge = links / self.bridge
-        found = bool(veths or mine) or bridge.exists()
-        if bridge.exists():
+        bridge = (links / self.bridge).exists()
+        if bridge:
             ip("link", "delete", self.bridge, check=False)
-        return found
+        return bool(veths or mine) or bridge

@@ -228,10 +228,11 @@ class RealNode:
         """Images a newer import under the same name replaced (each rebuild of the operator's
         image), which the runtime still references by digest: removed with what only they
         use, so that the store holds what the node runs and no more."""
-        refs = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:]]
+        rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:]]
+        refs = [row for row in rows if len(row) > 2]  # REF TYPE DIGEST ...
         running = {image_name(archive) for archive in self.images}
         digests = {ref[2] for ref in refs if ref[0] in running}
-        replaced = [ref[0] for ref in refs if len(ref) > 2 and ref[2] not in digests]
+        replaced = [ref[0] for ref in refs if ref[2] not in digests]
         if replaced:
             self.ctr("images", "rm", "--sync", *replaced)
 
@@ -360,7 +361,7 @@ def forget_cni_results(ids: set[str]) -> None:
 
 def cni_network(slot: int) -> str:
     """The name of a slot's pod network: its pods' results in /var/lib/cni carry it."""
-    return f"etoperator-etok{slot}"
+    return f"etoperator-{Network(slot).bridge}"
 
 
 def forget_slot_cni_results(slot: int) -> bool:
