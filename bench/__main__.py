@@ -994,6 +994,74 @@ def p10_round(c: Chain, ns: str, name: str) -> tuple[float, float, float]:
     return launch, listed, time.monotonic() - max(t1, up)
 
 
+def ha(tmp: Path, rounds: int = 3) -> list[Row]:
+    """The seams of the operator's HA, as deploy/ runs it (two replicas, leader election) on a
+    real node: how long the Lease goes unheld when its holder's pod is deleted (graceful: it
+    releases the Lease) or its processes are killed (the standby waits out the Lease), and how
+    long a ScaleOut made 1 s after an apiserver restart takes beyond its new pod Running."""
+    c = start_chain(tmp / "chain")
+    graceful: list[float] = []
+    killed: list[float] = []
+    after_restart: list[float] = []
+    try:
+        ns = c.new_namespace()
+        for i in range(rounds):
+            graceful.append(
+                hand_over(
+                    c,
+                    lambda pod: c.kubectl(
+                        "delete", "pod", "-n", "etoperator-system", pod, "--wait=false"
+                    ),
+                )
+            )
+            killed.append(hand_over(c, lambda pod: c.local.kill_pod("etoperator-system", pod)))
+            after_restart.append(scale_after_restart(c, ns, f"ha-{i}"))
+    finally:
+        c.stop()
+    return [
+        ("HA", "leader pod deleted -> the standby holds the Lease", fmt(graceful), "<= 3 s"),
+        ("HA", "leader killed -> another replica holds the Lease", fmt(killed), "<= 15 s"),
+        ("HA", "ScaleOut 1 s after an apiserver restart -> succeeded, beyond its pod Running",
+         fmt(after_restart), "<= 2 s"),
+    ]  # fmt: skip
+
+
+def hand_over(c: Chain, stop: Callable[[str], object]) -> float:
+    """Seconds from stopping the leader's pod (by `stop`) to another pod holding the Lease."""
+    leader = wait_for(lambda: c.operator.leader(), 60, "a leader")
+    wait_for(lambda: [p for p in operator_pods_ready(c) if p != leader], 120, "a standby ready")
+    t0 = time.monotonic()
+    stop(leader)
+    wait_for(lambda: c.operator.leader() not in ("", leader), 60, "a new leader", 0.05)
+    return time.monotonic() - t0
+
+
+def operator_pods_ready(c: Chain) -> list[str]:
+    out = c.kubectl(
+        "get", "pods", "-n", "etoperator-system", "-l", "app.kubernetes.io/name=etoperator",
+        "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="
+        "'Ready')].status} {.metadata.deletionTimestamp}{'\\n'}{end}",
+    ).stdout  # fmt: skip
+    return [f[0] for f in (line.split() for line in out.splitlines()) if f[1:] == ["True"]]
+
+
+def scale_after_restart(c: Chain, ns: str, name: str) -> float:
+    c.create(on_real_nodes(job(name, replicas=1, maxReplicas=2)), ns)
+    wait_for(lambda: c.phase(ns, name) == "Running", 120, "the job running")
+    assert c.local.cp is not None
+    c.local.cp.kill_apiserver()
+    c.local.cp.start_apiserver()
+    time.sleep(1)  # the figure's own gap: a scale made 1 s after the apiserver is back
+    t1 = time.monotonic()
+    c.create(scaleout(f"{name}-grow", name, 1), ns)
+    new = f"{name}-worker-1"
+    up = wait_for(lambda: in_phase(c, ns, [new]), 120, "the new worker Running", 0.05)
+    grow = f"{name}-grow"
+    wait_for(lambda: c.phase(ns, grow, "ScaleOut") == "ScaleSucceeded", 120, "success", 0.05)
+    c.kubectl("delete", "tj", name, "-n", ns, "--wait=false")
+    return time.monotonic() - max(t1, up)
+
+
 def on_real_nodes(body: dict[str, Any]) -> dict[str, Any]:
     """A test job for real nodes: the training image, and a launcher that waits (the operator's
     latency, not training, is measured)."""
@@ -1016,7 +1084,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10"]
+    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha"]
     p.add_argument("--only", nargs="*", default=order)
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
@@ -1032,6 +1100,7 @@ def main() -> int:
         ("p6", p6),
         ("a1", accuracy),
         ("p10", p10),
+        ("ha", ha),
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, stage in stages:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     import kopf
     from kopf._core.engines.peering import Identity  # not re-exported by kopf
 
-    import etoperator.handlers  # noqa: F401  (registers the handlers)
+    import etoperator.handlers
     from etoperator.settings import own_identity
 
     kopf.configure(
@@ -96,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for noisy in ("kubernetes", "paramiko", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    etoperator.handlers.STOP_WIRED = True  # SIGTERM hands the Lease over first, then stops
     asyncio.run(
         kopf.operator(
+            stop_flag=etoperator.handlers.STOP,
             standalone=True,
             clusterwide=not args.namespace,
             namespaces=args.namespace,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,10 @@ from etoperator.sshcheck import SSHProber
 
 log = logging.getLogger(__name__)
 RBAC_GROUP = "rbac.authorization.k8s.io"
+# kopf's requests (the watches among them) are retried 0.5, 1, then every 2 s for 3 minutes:
+# after an apiserver restart the watches resume within 2 s of its return (kopf's default backs
+# off 1, 1, 2, 3, 5, 8, 13, 21 s, then gives up).
+RETRY_BACKOFFS = (0.5, 1.0, *([2.0] * 90))
 # Read once, here: which handlers exist (the node watch) depends on them, and start-up builds
 # every part from them.
 SETTINGS = Settings.from_env()
@@ -55,6 +60,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
+    settings.networking.error_backoffs = RETRY_BACKOFFS
+    # On SIGTERM kopf gives its event queues this long before the cleanup that releases the
+    # Lease (2 s by default): our event handlers only wake job loops, nothing to wait for.
+    settings.queueing.exit_timeout = 0.2
     # A connection for every thread that may make a request at once (SSH probes make none).
     api = kube.load_config(cfg.kubeconfig, connections=cfg.workers + REQUEST_THREADS)
     api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
@@ -78,19 +87,69 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if cfg.leader_election:
         election = LeaderElection(reconciler.kube, cfg.lease_namespace, cfg.identity)
         rt.leading = election.leading
+        memo.elector = election
         # Kept in the memo, so that the tasks are not collected while they run.
         memo.election = [asyncio.create_task(election.run()), asyncio.create_task(rt.lead())]
+        memo.election[0].add_done_callback(lambda task: _election_ended(task, election))
+        memo.election.append(asyncio.create_task(take_sigterm(memo)))
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started %s", cfg.describe())
 
 
+def _election_ended(task: asyncio.Task[None], election: LeaderElection) -> None:
+    """The election loop never ends while the operator runs: if it does (a bug, a cancel), a
+    leader would go on writing with no one renewing its Lease. Stop the process instead."""
+    if election.stopping:
+        return
+    exc = None if task.cancelled() else task.exception()
+    log.error("Leader election ended unexpectedly error=%r: stopping", exc)
+    election.on_lost()
+
+
+# Set by the CLI, which runs kopf with it as its stop flag: SIGTERM is then ours (below).
+STOP = asyncio.Event()
+STOP_WIRED = False
+
+
+async def take_sigterm(memo: kopf.Memo) -> None:
+    """SIGTERM (a pod deleted, a rollout) hands over first, then stops kopf: kopf runs its
+    cleanup only after its watchers have wound down (2-5 s measured), and the standby would
+    wait that long for the Lease. kopf installs its own handler just before the startup
+    activity runs; this replaces it once that has happened."""
+    if not STOP_WIRED:
+        return
+    await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(
+        signal.SIGTERM, lambda: memo.election.append(asyncio.create_task(hand_over(memo)))
+    )
+
+
+async def hand_over(memo: kopf.Memo) -> None:
+    log.info("Signal SIGTERM received: handing over, then stopping")
+    await stop_acting(memo)
+    STOP.set()
+
+
 @kopf.on.cleanup()
-def cleanup(memo: kopf.Memo, **_: Any) -> None:
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await stop_acting(memo)
+
+
+async def stop_acting(memo: kopf.Memo) -> None:
+    """A graceful stop: no new pass, the passes in flight end, then the Lease is released so
+    the standby takes over at once (instead of after the Lease's duration). Twice is once."""
+    election: LeaderElection | None = getattr(memo, "elector", None)
+    if election is not None:
+        election.stop()
     rt = getattr(memo, "rt", None)
     if rt is not None:
         for ref in list(rt.tasks):
             rt.forget(ref)
+        await asyncio.get_running_loop().run_in_executor(None, rt.drain)
+    if election is not None:
+        await asyncio.get_running_loop().run_in_executor(None, election.release)
 
 
 @kopf.on.probe(id="jobs")
@@ -186,9 +245,14 @@ async def _scaler_event(rt: Runtime, kind: str, name: str, namespace: str, body:
         rt.kick((namespace, job))
         return
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(
-        rt.pool, rt.reconciler.reconcile_orphan_scaler, kind, namespace, name
-    )
+    try:
+        await loop.run_in_executor(
+            rt.pool, rt.reconciler.reconcile_orphan_scaler, kind, namespace, name
+        )
+    except (kube.ApiError, kube.Conflict) as exc:
+        # Looked at again at its next event or resync; never a handler's traceback.
+        log.warning("Scaler not handled kind=%s namespace=%s name=%s error=%s", kind, namespace,
+                    name, exc)  # fmt: skip
 
 
 @kopf.on.event("", "v1", "secrets", labels={naming.LABEL_GROUP: naming.GROUP})

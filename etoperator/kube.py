@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from etoperator import clock, naming
 
@@ -56,6 +57,11 @@ class ApiError(Exception):
         self.status = status
         self.request = request
 
+    @property
+    def unreachable(self) -> bool:
+        """The server was not reached or did not answer (no HTTP status)."""
+        return self.status == 0
+
 
 def load_config(
     kubeconfig: str | None = None, context: str | None = None, connections: int = 32
@@ -86,6 +92,10 @@ def _reason(exc: ApiException) -> str:
 def _translate(request: str = "") -> Iterator[None]:
     try:
         yield
+    except TransportError as exc:
+        # Refused, reset or timed out: urllib3 raises these (MaxRetryError, ProtocolError, ...)
+        # past its retries, and callers must see them as the API's answer, not a crash.
+        raise ApiError(0, f"API server unreachable: {type(exc).__name__}", request) from None
     except ApiException as exc:
         if exc.status == 409:
             body = exc.body or ""
@@ -117,6 +127,7 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
+        timeout: float = 30,
     ) -> Any:
         self.requests += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -132,7 +143,7 @@ class Kube:
                     auth_settings=["BearerToken"],
                 )
                 resp = self.api.call_api(
-                    m, url, header_params=hdrs, body=raw, post_params=post, _request_timeout=30
+                    m, url, header_params=hdrs, body=raw, post_params=post, _request_timeout=timeout
                 )
                 resp.read()
                 if not 200 <= resp.status < 300:
@@ -151,14 +162,16 @@ class Kube:
                     auth_settings=["BearerToken"],
                     _preload_content=False,
                     _return_http_data_only=True,
-                    _request_timeout=30,
+                    _request_timeout=timeout,
                 )
         data = resp.data
         return json.loads(data) if data else None
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, kind: str, namespace: str, name: str, timeout: float = 30
+    ) -> dict[str, Any] | None:
         try:
-            return dict(self._call("GET", _path(kind, namespace, name)))
+            return dict(self._call("GET", _path(kind, namespace, name), timeout=timeout))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -186,15 +199,21 @@ class Kube:
             item.setdefault("kind", kind)
         return list(items)
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
         meta = obj["metadata"]
-        return dict(self._call("POST", _path(obj["kind"], meta["namespace"]), body=obj))
+        path = _path(obj["kind"], meta["namespace"])
+        return dict(self._call("POST", path, body=obj, timeout=timeout))
 
-    def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
-        """Delete (background propagation); False when it was gone already."""
+    def delete(
+        self, kind: str, namespace: str, name: str, uid: str | None = None, grace: int | None = None
+    ) -> bool:
+        """Delete (background propagation; `grace`: the pod's grace period, in seconds); False
+        when it was gone already."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace is not None:
+            body["gracePeriodSeconds"] = grace
         try:
             self._call("DELETE", _path(kind, namespace, name), body=body)
             return True
@@ -211,11 +230,11 @@ class Kube:
         patch: Any,
         sub: str | None = None,
         content_type: str = MERGE,
+        timeout: float = 30,
     ) -> dict[str, Any]:
+        path = _path(kind, namespace, name, sub)
         return dict(
-            self._call(
-                "PATCH", _path(kind, namespace, name, sub), body=patch, content_type=content_type
-            )
+            self._call("PATCH", path, body=patch, content_type=content_type, timeout=timeout)
         )
 
     def exec_in_pod(

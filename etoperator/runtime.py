@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 RESYNC = 60.0
 MAX_BACKOFF = 60.0
+# While the API server cannot be reached, a job comes back at least this often: its return
+# should be noticed within seconds, and an unreachable server is not this job's fault.
+UNREACHABLE_BACKOFF = 2.0
 # A job's passes start at least this far apart: a burst of events (a pod's status, its
 # endpoints, the next pod's) becomes one pass and one status write, while a lone event after a
 # quiet spell still starts its pass at once.
@@ -112,6 +115,11 @@ class Runtime:
         if task is not None:
             task.cancel()
 
+    def drain(self) -> None:
+        """Wait for the passes in flight to end (their loops are cancelled first)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
     def kick_all(self) -> None:
         for ref in list(self.kicks):
             self.kick(ref)
@@ -143,6 +151,8 @@ class Runtime:
             except (ApiError, OSError) as exc:
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7))
+                if isinstance(exc, OSError) or exc.unreachable:
+                    delay = min(delay, UNREACHABLE_BACKOFF)
                 metrics.RECONCILE_ERRORS.inc()
                 log.warning(
                     "Reconcile failed namespace=%s job=%s error=%s retry_in=%.1fs", *ref, exc, delay

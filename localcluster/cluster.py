@@ -67,6 +67,9 @@ class OperatorProcess:
     def stop(self) -> None:
         procs.stop(self.proc)
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def restart(self) -> None:
         self.kill()
         self.start()

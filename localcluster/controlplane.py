@@ -227,6 +227,19 @@ class ControlPlane:
         self._https_ctx = ssl.create_default_context(cafile=str(ca.cert))
         procs.wait_until(self._ready, "kube-apiserver", 90, proc, self.dir / "kube-apiserver.log")
 
+    def kill_apiserver(self) -> None:
+        """SIGKILL the apiserver, as a crash or a control-plane upgrade does."""
+        proc = self.procs["kube-apiserver"]
+        proc.kill()
+        proc.wait()
+
+    def start_apiserver(self) -> None:
+        """The apiserver again, with the same arguments, once it is ready."""
+        old = self.procs["kube-apiserver"]
+        assert old.poll() is not None, "the apiserver still runs"
+        proc = self._spawn("kube-apiserver", [str(a) for a in old.args])  # type: ignore[union-attr]
+        procs.wait_until(self._ready, "kube-apiserver", 90, proc, self.dir / "kube-apiserver.log")
+
     def _ready(self) -> bool:
         # /readyz is open to unauthenticated users (system:public-info-viewer).
         return _http_ok(f"{self.url}/readyz", self._https_ctx)

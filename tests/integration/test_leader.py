@@ -1,10 +1,13 @@
 """Two replicas with leader election: exactly one acts, the standby writes nothing, and killing
-the leader mid-scale hands over without a duplicate pod or a scaler run twice."""
+the leader mid-scale hands over without a duplicate pod or a scaler run twice; a graceful stop
+hands over at once; an apiserver restart never leaves two leaders."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -34,15 +37,43 @@ def holder(cluster: Cluster) -> str:
     return str((lease.get("spec") or {}).get("holderIdentity") or "")
 
 
-def writes_by(cluster: Cluster, identity: str) -> list[str]:
-    """Writes of one replica, the election's own (the Lease) aside."""
+def writes_by(cluster: Cluster, identity: str, since: datetime | None = None) -> list[str]:
+    """Writes of one replica (received by the apiserver from `since` on), the election's own
+    (the Lease) aside."""
     return [
         f"{ev['verb']} {ev['requestURI']}"
         for ev in cluster.cp.audit()
         if ev.get("verb") in WRITES
         and ev.get("userAgent", "").startswith(f"etoperator/{identity}")
         and (ev.get("objectRef") or {}).get("resource") != "leases"
+        and (since is None or received(ev) >= since)
     ]
+
+
+def received(ev: dict[str, object]) -> datetime:
+    return datetime.fromisoformat(str(ev["requestReceivedTimestamp"]).replace("Z", "+00:00"))
+
+
+class Holders:
+    """The Lease's holder, sampled every 0.1 s while the apiserver answers."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster, self.done = cluster, threading.Event()
+        self.seen: list[str] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            try:
+                self.seen.append(holder(self.cluster))
+            except Exception:  # the apiserver is down: nothing to sample
+                continue
+
+    def stop(self) -> list[str]:
+        self.done.set()
+        self.thread.join()
+        return [h for i, h in enumerate(self.seen) if i == 0 or h != self.seen[i - 1]]
 
 
 def test_the_standby_takes_over_a_scale_when_the_leader_dies(
@@ -76,3 +107,50 @@ def test_the_standby_takes_over_a_scale_when_the_leader_dies(
         and ev.get("userAgent", "").startswith("etoperator/")
     }
     assert verbs == {"create", "get", "patch"}, verbs
+
+
+def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
+    cluster: Cluster, replicas: dict[str, OperatorProcess]
+) -> None:
+    leader = wait_for(lambda: holder(cluster), 20, "a leader")
+    (standby,) = [name for name in replicas if name != leader]
+    wait_for(lambda: "etoperator started" in replicas[standby].tail(), 20, "the standby up")
+    stopped = time.monotonic()
+    replicas[leader].stop()  # SIGTERM, as when its pod is deleted
+    wait_for(lambda: holder(cluster) == standby, 15, "the standby leads", interval=0.05)
+    took = time.monotonic() - stopped
+    print(f"hand-over on a graceful stop: {took:.2f} s")
+    assert "Lease released" in replicas[leader].tail()
+    assert took <= 3.0, f"the standby took over {took:.1f} s after the leader was told to stop"
+
+
+def test_an_apiserver_restart_mid_scale_never_leaves_two_leaders(
+    cluster: Cluster, ns: str, replicas: dict[str, OperatorProcess]
+) -> None:
+    leader = wait_for(lambda: holder(cluster), 20, "a leader")
+    (standby,) = [name for name in replicas if name != leader]
+    cluster.create(job("ar", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "ar")
+    holders = Holders(cluster)
+    cluster.hold()
+    cluster.create(scaleout("grow", "ar", 1, timeout=180), ns)
+    wait_for(lambda: cluster.status(ns, "grow", "ScaleOut").get("addPods"), 10, "plan frozen")
+    cluster.cp.kill_apiserver()
+    # The leader cannot renew: it stops before its Lease could expire for the standby.
+    wait_for(lambda: not replicas[leader].alive(), 15, "the leader stopping")
+    assert "Lease not renewed" in replicas[leader].tail()
+    assert replicas[standby].alive(), "the standby waits on"
+    cluster.cp.start_apiserver()
+    back = datetime.now(UTC)
+    cluster.release()
+    wait_for(lambda: holder(cluster) == standby, 30, "the standby leads")
+    # Back, as its Deployment would bring it (before the standby led, the same identity would
+    # rightly have taken its own Lease again: its old process is gone).
+    replicas[leader].start()
+    wait_for(lambda: cluster.phase(ns, "grow", "ScaleOut") == "ScaleSucceeded", 90)
+    running(cluster, ns, "ar")
+    assert holders.stop() == [leader, standby], "one holder at a time, handed over once"
+    assert cluster.pods(ns, "ar", "worker") == ["ar-worker-0", "ar-worker-1", "ar-worker-2"]
+    assert cluster.status(ns, "grow", "ScaleOut")["addPods"] == ["ar-worker-2"]  # planned once
+    assert writes_by(cluster, leader, since=back) == [], "the old leader came back a standby"
+    assert writes_by(cluster, standby, since=back), "the new leader acted"
