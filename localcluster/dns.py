@@ -4,8 +4,11 @@ every pod (the kubelet writes that address into each pod's resolv.conf)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +83,17 @@ class ClusterDNS:
                 return s.recv(512)[:2] == b"\x12\x34"
             except OSError:
                 return False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Cluster DNS answers nothing meanwhile (stopped, not ended), as while it cannot
+        reach the apiserver or is being replaced."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         procs.stop(self.proc)

@@ -328,3 +328,28 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
         pod_names=pod_names,
         created=meta.get("creationTimestamp", ""),
     )
+
+
+def template_secrets(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field, name) of every Secret the launcher and worker templates name: secret and
+    projected volumes, and each container's env and envFrom (init containers too)."""
+    found = []
+    for role, tmpl in (("launcher", spec.launcher.template), ("worker", spec.worker.template)):
+        pod = tmpl.get("spec") or {}
+        at = f"spec.etReplicaSpecs.{role}.template.spec"
+        for i, vol in enumerate(pod.get("volumes") or []):
+            if name := (vol.get("secret") or {}).get("secretName"):
+                found.append((f"{at}.volumes[{i}].secret.secretName", str(name)))
+            for j, src in enumerate((vol.get("projected") or {}).get("sources") or []):
+                if name := (src.get("secret") or {}).get("name"):
+                    found.append((f"{at}.volumes[{i}].projected.sources[{j}].secret", str(name)))
+        for kind in ("initContainers", "containers"):
+            for i, c in enumerate(pod.get(kind) or []):
+                for j, env in enumerate(c.get("env") or []):
+                    ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
+                    if ref.get("name"):
+                        found.append((f"{at}.{kind}[{i}].env[{j}]", str(ref["name"])))
+                for j, src in enumerate(c.get("envFrom") or []):
+                    if name := (src.get("secretRef") or {}).get("name"):
+                        found.append((f"{at}.{kind}[{i}].envFrom[{j}]", str(name)))
+    return found

@@ -4,6 +4,7 @@ mutated (templates are deep-copied) and nothing is read from globals or the cloc
 from __future__ import annotations
 
 import copy
+import shlex
 from typing import Any
 
 from etoperator import naming
@@ -91,6 +92,34 @@ def _pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def find_horovod(hostname: str) -> str:
+    """POSIX sh that sets $pids to the processes carrying HOROVOD_HOSTNAME=<hostname> (what
+    Horovod sets in each training process it starts there; matched whole, so `worker-1`
+    never matches `worker-10`)."""
+    needle = shlex.quote(f"HOROVOD_HOSTNAME={hostname}")
+    return (
+        'pids=""; for e in /proc/[0-9]*/environ; do '
+        f"if tr '\\0' '\\n' < \"$e\" 2>/dev/null | grep -qxF -- {needle}; then "
+        'p="${e#/proc/}"; pids="$pids ${p%/environ}"; fi; done'
+    )
+
+
+def drain_hook(hostname: str) -> dict[str, Any]:
+    """A worker's preStop: whoever deletes it (a ScaleIn, `kubectl drain`, an eviction), its
+    processes are stopped only once Horovod has let go of it. The operator takes a deleted
+    worker out of the host list at once; Horovod then ends its training process there at its
+    next reset. Bounded by the pod's grace period, as every hook is."""
+    return {
+        "exec": {
+            "command": [
+                "sh",
+                "-c",
+                f'while :; do {find_horovod(hostname)}; [ -n "$pids" ] || exit 0; sleep 0.2; done',
+            ]
+        }
+    }
+
+
 def worker_pod(
     job_spec: JobSpec, owner: Owner, index: int, secret: str, secret_keys: frozenset[str]
 ) -> dict[str, Any]:
@@ -104,6 +133,8 @@ def worker_pod(
     if not first.get("command"):
         first["command"] = list(DEFAULT_WORKER_COMMAND)
         first.pop("args", None)
+    lifecycle = first.setdefault("lifecycle", {})
+    lifecycle.setdefault("preStop", drain_hook(name))  # a hook of the template's own stays
     spec.setdefault("hostname", name)
     return _pod(
         name,

@@ -86,6 +86,11 @@ class Draft:
         conds, changed = st.set_condition(
             new.conditions or [], ctype, "True", reason, message, self.now
         )
+        if phase in st.SCALE_TERMINAL and st.condition(conds, st.SCALE_RUNNING):
+            # Ended: it no longer scales (describe showed Scaling=True beside the end).
+            conds, _ = st.set_condition(
+                conds, st.SCALE_RUNNING, "False", reason, f"ended: {message}", self.now
+            )
         new.conditions, new.phase = conds, phase
         if phase in st.SCALE_TERMINAL:
             new.completion_time = new.completion_time or self.now

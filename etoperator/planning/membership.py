@@ -226,9 +226,21 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
         if d.status.phase == st.CREATED:
             d.set_cond(st.RUNNING, "True", "Running", "the launcher is running")
         d.status.phase = st.RUNNING
+        say_launcher_pending(d, launcher)
     else:
+        say_launcher_pending(d, launcher)
         d.await_pods("the launcher is not running yet")
     return m
+
+
+def say_launcher_pending(d: Draft, launcher: PodView) -> None:
+    """LauncherPending: the launcher's pod says it cannot run (unschedulable, an image that
+    cannot be had), in its own words, with a Warning event; False once it runs."""
+    if launcher.waiting:
+        message = f"{launcher.name}: {launcher.waiting}"
+        d.set_cond("LauncherPending", "True", "LauncherPending", message, warn=True)
+    elif st.is_true(d.status.conditions or [], "LauncherPending"):
+        d.set_cond("LauncherPending", "False", "LauncherRunning", f"{launcher.name} can run")
 
 
 def cancel_scale(d: Draft, kind: str, name: str, m: Members) -> Members:

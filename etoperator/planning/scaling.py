@@ -51,17 +51,57 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
         assert sc.spec is not None
         what = (
             f"waiting for {', '.join(not_ready_why(d, n) for n in missing)} to accept the "
-            f"job's SSH key (up to the {sc.spec.timeout}s timeout)"
+            f"job's SSH key and resolve by name (up to the {sc.spec.timeout}s timeout)"
         )
         wait_on(d, sc, "WaitingForWorkers", what, f"new workers not ready: {missing}")
         return m
     m = m.hosting(*new)
-    # Succeed only once Horovod can see them: the ConfigMap is written after statuses.
+    # Succeed only once Horovod can see them (the ConfigMap is written after statuses), and
+    # has taken them in: until then Horovod is resetting, and a host-list change made
+    # meanwhile is lost or reaches a worker still starting (so no next scale may begin).
     if not set(new) <= set(d.inp.published or []):
         d.come_back("new workers not yet in the published host list")
+        return m
+    horovod, outside = horovod_on(d, new)
+    if outside and timed_out(d, sc):
+        assert sc.spec is not None
+        why = (
+            f"Horovod did not take {', '.join(outside)} in within {sc.spec.timeout}s (is "
+            "horovodrun's --max-np below the new size?)"
+        )
+        return fail_scale_out(d, sc, m, new, why, f"{why}; removed {', '.join(new)}")
+    if outside:
+        assert sc.spec is not None
+        what = (
+            f"waiting for Horovod to take {', '.join(outside)} in (up to the "
+            f"{sc.spec.timeout}s timeout)"
+        )
+        wait_on(d, sc, "WaitingForHorovod", what, f"Horovod has not taken in {outside}")
     elif ensure_script_ran(d, sc, new):
-        finish_scale(d, sc, f"added {', '.join(new)} to the host list")
+        trains = ": Horovod trains on them" if horovod else " to the host list"
+        finish_scale(d, sc, f"added {', '.join(new)}{trains}")
     return m
+
+
+def horovod_on(d: Draft, new: list[str]) -> tuple[bool, list[str]]:
+    """Whether Horovod runs in this job, and the new workers it has not taken in yet: each must
+    run a Horovod process connected to every other host (Horovod connects all ranks to each
+    other once its rendezvous at the new size is done). It does not run when the hosts that
+    were there before run no Horovod process (no launcher yet, a launcher that runs something
+    else), or when nothing could tell (no SSH checks)."""
+    if d.launcher is None or d.launcher.phase != "Running":
+        return False, []
+    published = d.inp.published or []
+    before = [d.workers[h] for h in published if h not in new and h in d.workers]
+    if not any(w.busy for w in before):
+        return False, []
+    addresses = {d.workers[h].ip for h in published if h in d.workers and d.workers[h].ip}
+    outside = []
+    for name in new:
+        w = d.workers.get(name)
+        if w is None or not w.busy or w.peers is None or not addresses - {w.ip} <= w.peers:
+            outside.append(name)
+    return True, outside
 
 
 def wait_on(d: Draft, sc: ScalerView, reason: str, what: str, why: str) -> None:
@@ -114,6 +154,7 @@ def drive_scale_in(d: Draft, sc: ScalerView, m: Members) -> Members:
     for v in alive:
         d.delete(v)
     if draining:
+        d.plan.stop_now.extend(draining)
         assert sc.spec is not None
         d.set_scaler_cond(
             sc,

@@ -23,7 +23,11 @@ class PodView:
     reason: str = ""
     run: int | None = None  # launcher: the run (restartCount) it was created for
     leaving: str = ""  # a notice that the pod is about to go (preemption, drain)
-    busy: bool | None = None  # scale-in victim: a Horovod process still runs on it
+    busy: bool | None = None  # asked (a victim, a joining worker): a Horovod process runs on it
+    ip: str = ""
+    # Asked of a joining worker (and one host already in): the addresses Horovod's processes
+    # on it are connected to; None when not asked or it could not be told.
+    peers: frozenset[str] | None = None
     waiting: str = ""  # why a pod that is not running cannot run (its own words), if it says
 
     @property
@@ -93,6 +97,7 @@ class Plan:
     status: dict[str, Any]
     create_workers: list[int] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
+    stop_now: list[str] = field(default_factory=list)  # of delete_pods: no wait for Horovod
     create_launcher: bool = False
     hosts: list[str] | None = None  # None: leave the ConfigMap as it is
     services: list[str] = field(default_factory=list)  # worker services that should exist

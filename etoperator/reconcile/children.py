@@ -13,9 +13,7 @@ from typing import Any
 
 from etoperator import metrics, naming
 from etoperator import status as st
-from etoperator.api.models import (
-    JobSpec,
-)
+from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, scalers, ssh
 from etoperator.builders.common import Owner, is_controlled_by
@@ -26,6 +24,7 @@ from etoperator.planning import Plan
 from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, Writes, in_parallel, job_id
 
 log = logging.getLogger(__name__)
+KILL_GRACE = 1  # seconds: a pod stopped at once (its drain is over by the operator's word)
 
 # Made many at a time or off the pass: their caches may lag the job's.
 UNSEEN_KINDS = ("Pod", "Service", "ServiceAccount", "Role", "RoleBinding")
@@ -50,10 +49,11 @@ class Children:
     access_pool: concurrent.futures.ThreadPoolExecutor  # launchers' access, made off the pass
     clock: Callable[[], datetime] = utcnow
     _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
+    _template_secrets_checked: dict[str, datetime] = field(default_factory=dict)
     _access: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
 
     def forget(self, prefix: str) -> None:
-        for memo in (self._user_secret_checked, self._access):
+        for memo in (self._user_secret_checked, self._template_secrets_checked, self._access):
             for k in [k for k in memo if k.startswith(prefix)]:
                 memo.pop(k)
 
@@ -71,6 +71,7 @@ class Children:
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         problems = self.check_user_secret(spec) if spec.ssh_secret else []
+        problems += self.check_template_secrets(spec)
         tasks: list[Callable[[], list[str]]] = []
         if not spec.ssh_secret and obs.secret is None:
             tasks.append(partial(self.repair_secret, obs, owner))
@@ -159,6 +160,31 @@ class Children:
             self._user_secret_checked[jid] = self.clock()
         return problems
 
+    def check_template_secrets(self, spec: JobSpec) -> list[str]:
+        """A Secret the operator made for another job (its private key opens that job's
+        workers) is never mounted into this job's pods, whichever field of a template names
+        it. Read like the annotation's Secret: at most every few minutes while all is well."""
+        jid = job_id(spec.namespace, spec.name, spec.uid)
+        named = [(at, n) for at, n in template_secrets(spec) if n != naming.secret_name(spec.name)]
+        checked = self._template_secrets_checked.get(jid)
+        if not named or (
+            checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK
+        ):
+            return []
+        problems = []
+        for at, name in named:
+            secret = self.kube.get("Secret", spec.namespace, name)
+            if secret is not None and (other := ssh.other_job(secret, spec.uid)):
+                problems.append(
+                    f"{at} names Secret {name}, TrainingJob {other}'s SSH key: a job's pods may "
+                    "mount no other job's key"
+                )
+        if problems:
+            self._template_secrets_checked.pop(jid, None)
+        else:
+            self._template_secrets_checked[jid] = self.clock()
+        return problems
+
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
         under a running job (its workers and launcher hold that key), else a fresh one."""
@@ -240,8 +266,11 @@ class Children:
                 )
         by_name = {p["metadata"]["name"]: p for p in obs.pods}
         for pod_name in plan.delete_pods:
-            pod = by_name.get(pod_name)
-            if self.kube.delete("Pod", ns, pod_name, (pod or {}).get("metadata", {}).get("uid")):
+            uid = (by_name.get(pod_name) or {}).get("metadata", {}).get("uid")
+            # A victim whose drain timed out is stopped now: its preStop hook would wait for
+            # Horovod again, for the pod's whole grace period.
+            grace = KILL_GRACE if pod_name in plan.stop_now else None
+            if self.kube.delete("Pod", ns, pod_name, uid, grace=grace):
                 log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
         secret = spec.ssh_secret or naming.secret_name(name)
         # Only pod builders need it, and for a user's Secret it costs a GET: ask when building.

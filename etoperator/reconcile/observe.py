@@ -21,14 +21,21 @@ from etoperator.api.models import (
     parse_job,
     parse_scaler,
 )
-from etoperator.api.statuses import JobStatus, ScaleInStatus
+from etoperator.api.statuses import JobStatus, ScaleOutStatus, scaler_status
 from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView
 from etoperator.reconcile.state import Keys, job_id
-from etoperator.sshcheck import SSHProber, SSHUnavailable, busy_script, load_key
+from etoperator.sshcheck import (
+    HorovodOn,
+    SSHProber,
+    SSHUnavailable,
+    busy_script,
+    horovod_state,
+    load_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +103,7 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
                 run=int(run) if run is not None and str(run).isdigit() else None,
                 leaving=_leaving(p, tainted) if worker else "",
                 waiting=_waiting(pst),
+                ip=str(pst.get("podIP") or ""),
             )
         )
     return views
@@ -120,23 +128,36 @@ def _waiting(pst: dict[str, Any]) -> str:
     return ""
 
 
-def scale_in_victims(status: JobStatus, scalers: list[dict[str, Any]]) -> set[str]:
-    """The pods the running ScaleIn (if any) removes."""
+def running_scale(status: JobStatus, scalers: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """The running scaler's kind and the pods it adds or removes (("", []) when none runs)."""
     ref = naming.parse_scaler_ref(status.current_scaler or "")
-    if not ref or ref[0] != naming.SCALEIN_KIND:
-        return set()
+    if not ref:
+        return "", []
     for s in scalers:
         if s["kind"] == ref[0] and s["metadata"]["name"] == ref[2]:
-            return set(ScaleInStatus.from_dict(s.get("status")).to_delete_pods or [])
-    return set()
+            typed = scaler_status(ref[0], s.get("status"))
+            pods = typed.add_pods if isinstance(typed, ScaleOutStatus) else typed.to_delete_pods
+            return ref[0], list(pods or [])
+    return "", []
 
 
 def probes_wanted(
-    views: list[PodView], hosts: set[str], published: set[str], victims: set[str], can_probe: bool
+    views: list[PodView],
+    hosts: set[str],
+    published: set[str],
+    scale: tuple[str, list[str]],
+    can_probe: bool,
 ) -> dict[str, str]:
-    """Pure: which running workers to ask what. A draining one (a ScaleIn victim or noticed for
-    preemption) once Horovod can no longer see it: has Horovod left it? A new one (not yet a
-    host): does its sshd take the job's key?"""
+    """Pure: which running workers to ask what.
+    - "drain": a leaving one (a ScaleIn victim, or noticed for preemption) once Horovod can no
+      longer see it: has Horovod left it?
+    - "ready": a new one (not yet a host): does its sshd take the job's key, and does its name
+      resolve to it?
+    - "horovod": a ScaleOut's workers once published, and the first host that was there before
+      them: does Horovod run here, and to whom is it connected?"""
+    kind, pods = scale
+    victims = set(pods) if kind == naming.SCALEIN_KIND else set()
+    joining = set(pods) & published if kind == naming.SCALEOUT_KIND else set()
     wanted = {}
     for v in views:
         if v.role != naming.ROLE_WORKER or v.phase != "Running" or v.deleting:
@@ -144,23 +165,37 @@ def probes_wanted(
         if v.name in victims or v.leaving:
             if v.name not in published:
                 wanted[v.name] = "drain"
+        elif v.name in joining:
+            wanted[v.name] = "horovod"
         elif v.name not in hosts and can_probe:
             wanted[v.name] = "ready"
+    if joining:
+        running = {v.name for v in views if v.phase == "Running" and not v.deleting}
+        before = sorted(published - joining - victims, key=lambda n: (len(n), n))
+        for name in [n for n in before if n in running][:1]:
+            wanted[name] = "horovod"
     return wanted
 
 
 def settle(
-    v: PodView, results: dict[str, bool | None], hosts: set[str], victims: set[str], ssh: bool
+    v: PodView,
+    results: dict[str, HorovodOn | bool | None],
+    hosts: set[str],
+    victims: set[str],
+    ssh: bool,
 ) -> PodView:
-    """Pure: readiness and drain state from the probes' answers."""
+    """Pure: readiness and Horovod's state from the probes' answers."""
     running = v.phase == "Running" and not v.deleting
     draining = v.name in victims or bool(v.leaving)
-    busy = results.get(v.name) if draining else None
+    answer = results.get(v.name)
+    horovod = answer if isinstance(answer, HorovodOn) else None
+    busy = horovod.busy if horovod is not None else None
+    peers = horovod.peers if horovod is not None else None
     if v.role != naming.ROLE_WORKER or not ssh or v.name in hosts:
         ready = running and not draining
-    else:  # a new worker: ready once its sshd accepts the job's key
-        ready = running and not draining and bool(results.get(v.name))
-    return dataclasses.replace(v, ready=ready, busy=busy)
+    else:  # a new worker: ready once its sshd accepts the job's key and its name resolves
+        ready = running and not draining and answer is True
+    return dataclasses.replace(v, ready=ready, busy=busy, peers=peers)
 
 
 @dataclass
@@ -211,7 +246,8 @@ class Observer:
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
-        victims = scale_in_victims(status, obs.scalers)
+        scale = running_scale(status, obs.scalers)
+        victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None
         if obs.spec is not None and self.ssh_checks:
             secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
@@ -220,41 +256,41 @@ class Observer:
             views,
             set(status.hosts),
             set(config.hosts_of((obs.configmap or {}).get("data"))),
-            victims,
+            scale,
             ssh_key is not None,
         )
-        ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in obs.pods}
-        results = self.run_probes(obs.spec, wanted, ips, ssh_key)
+        results = self.run_probes(obs.spec, wanted, {v.name: v.ip for v in views}, ssh_key)
         return [settle(v, results, set(status.hosts), victims, self.ssh_checks) for v in views]
 
     def run_probes(
         self,
         spec: JobSpec | None,
         wanted: dict[str, str],
-        ips: dict[str, str | None],
+        ips: dict[str, str],
         ssh_key: paramiko.PKey | None,
-    ) -> dict[str, bool | None]:
-        """The SSH checks, in parallel: "ready" (sshd takes the key) or "drain" (Horovod left)."""
-        futures: dict[str, concurrent.futures.Future[bool | None]] = {}
+    ) -> dict[str, HorovodOn | bool | None]:
+        """The SSH checks, in parallel: "ready" (sshd takes the key, the name resolves), or
+        "drain"/"horovod" (what Horovod does there)."""
+        futures: dict[str, concurrent.futures.Future[HorovodOn | bool | None]] = {}
         for name, what in wanted.items():
             ip = ips.get(name)
-            if what == "drain":
+            if what in ("drain", "horovod"):
                 futures[name] = self.probe_pool.submit(self.horovod_on, spec, name, ip, ssh_key)
             elif ssh_key is not None and ip:
-                futures[name] = self.probe_pool.submit(self.prober.ready, ip, ssh_key)
+                futures[name] = self.probe_pool.submit(self.prober.ready, ip, ssh_key, name)
         return {name: f.result() for name, f in futures.items()}
 
     def horovod_on(
         self, spec: JobSpec | None, pod: str, ip: str | None, ssh_key: paramiko.PKey | None
-    ) -> bool | None:
-        """Does a Horovod process still run on `pod`? Over SSH, or through pods/exec when the
-        operator has no network path to pods; None when it cannot tell."""
+    ) -> HorovodOn | None:
+        """What Horovod does on `pod`: over SSH, or through pods/exec when the operator has no
+        network path to pods; None when it cannot tell."""
         if ssh_key is not None and ip:
-            return self.prober.horovod_running(ip, ssh_key, pod)
+            return self.prober.horovod(ip, ssh_key, pod)
         if self.ssh_checks or spec is None:
             return None
         code, out = self.kube.exec_in_pod(spec.namespace, pod, ["sh", "-c", busy_script(pod)], 10)
-        return out.strip() == "busy" if code == 0 else None
+        return horovod_state(out) if code == 0 else None
 
     def scaler_views(self, obs: Observed) -> list[ScalerView]:
         """The job's scalers as the planner sees them, each parsed again only once it changed:

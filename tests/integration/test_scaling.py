@@ -14,6 +14,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from etoperator.sshcheck import SSHProber
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
 from tests.support.waits import running, settled
@@ -189,6 +190,69 @@ def test_scale_in_drains_exact_victim_only(cluster: Cluster, ns: str) -> None:
     # The process is gone: the victim is deleted and the scaler succeeds.
     settled(cluster, ns, SI, "two", "ScaleSucceeded", 15)
     wait_for(lambda: "dr-worker-2" not in cluster.pods(ns, "dr", "worker"), 10)
+
+
+def test_drained_workers_leave_the_host_list_before_they_are_stopped(
+    cluster: Cluster, ns: str
+) -> None:
+    """`kubectl drain` (an eviction, as node upgrades and spot reclaims make): the worker
+    leaves the host list first, and its processes stop only once Horovod has let go of it
+    (here the test ends the Horovod process once the worker is out of the list, as Horovod's
+    driver does at its next reset). The drained node's worker had been killed within 0.4 s,
+    before it left the list."""
+    cluster.create(job("dn", replicas=2, minReplicas=1), ns)
+    running(cluster, ns, "dn")
+    node = cluster.obj("Pod", ns, "dn-worker-1")["spec"]["nodeName"]
+    with horovod_process(cluster, ns, "dn", "dn-worker-1", "dn-worker-1"):
+        drain = subprocess.Popen(
+            [str(cluster.cp.kubectl_path()), "--kubeconfig", str(cluster.kubeconfig),
+             "drain", node, "--pod-selector=training-job-name=dn,replica-index=1",
+             "--ignore-daemonsets", "--timeout=60s"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: "dn-worker-1" not in cluster.hosts(ns, "dn"), 10, "out of the list")
+            left = cluster.obj("Pod", ns, "dn-worker-1")
+            assert left["metadata"].get("deletionTimestamp"), "evicted"
+            # Horovod has not let go: its process runs on, and so does the worker.
+            alive = cluster.exec(ns, "dn-worker-1", "pgrep", "-f", "etoperator-test-", check=False)
+            assert alive.returncode == 0, "the worker was stopped before Horovod let go of it"
+        except BaseException:
+            drain.kill()
+            raise
+    wait_for(lambda: "dn-worker-1" not in cluster.pods(ns, "dn", "worker"), 20, "stopped")
+    out, _ = drain.communicate(timeout=60)
+    assert drain.returncode == 0, out
+    assert cluster.hosts(ns, "dn") == ["dn-worker-0"] and cluster.phase(ns, "dn") == "Running"
+    notice = cluster.condition(ns, "dn", "WorkerPreempted") or {}
+    assert "left the host list before being stopped" in str(notice.get("message")), notice
+
+
+def test_a_new_worker_is_listed_only_once_its_name_resolves(cluster: Cluster, ns: str) -> None:
+    """Horovod reaches workers by name: a worker listed while cluster DNS does not know it yet
+    (after an apiserver restart CoreDNS lagged) failed Horovod's ssh and the job with it."""
+    cluster.create(job("dnsj", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "dnsj", 1)
+    assert cluster.local.real is not None and cluster.local.real.dns is not None
+    with cluster.local.real.dns.held():
+        cluster.create(scaleout("grow", "dnsj", 1, timeout=120), ns)
+        ip = wait_for(lambda: cluster.ip(ns, "dnsj-worker-1"), 30, "the new worker running")
+        key = paramiko.Ed25519Key.from_private_key(
+            io.StringIO(
+                base64.b64decode(cluster.obj("Secret", ns, "dnsj")["data"]["id_rsa"]).decode()
+            )
+        )
+        prober = SSHProber(port=cluster.ssh_port)
+        wait_for(lambda: prober.ready(str(ip), key), 30, "its sshd taking the job's key")
+
+        def says_why() -> bool:
+            cond = cluster.condition(ns, "grow", "Scaling", "ScaleOut") or {}
+            return "resolve" in str(cond.get("message"))
+
+        wait_for(says_why, 15, "the ScaleOut saying it waits for the name")
+        assert cluster.hosts(ns, "dnsj") == ["dnsj-worker-0"], "listed before DNS knew it"
+    settled(cluster, ns, SO, "grow", "ScaleSucceeded", 30)
+    assert cluster.hosts(ns, "dnsj") == ["dnsj-worker-0", "dnsj-worker-1"]
 
 
 def test_scale_in_drain_timeout_deletes_anyway(cluster: Cluster, ns: str) -> None:

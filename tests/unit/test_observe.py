@@ -14,10 +14,11 @@ from etoperator.reconcile.observe import (
     Observer,
     classify,
     probes_wanted,
-    scale_in_victims,
+    running_scale,
     settle,
 )
 from etoperator.reconcile.state import Writes
+from etoperator.sshcheck import HorovodOn
 
 
 def pod(name: str, phase: str = "Running", role: str = "worker", **meta: Any) -> dict[str, Any]:
@@ -44,31 +45,57 @@ def test_classify_reads_roles_runs_and_notices() -> None:
 
 def test_probes_ask_new_workers_for_readiness_and_drained_victims_for_horovod() -> None:
     views = classify("j", [pod("j-worker-0"), pod("j-worker-1"), pod("j-worker-2")], set())
-    wanted = probes_wanted(
-        views, {"j-worker-0", "j-worker-1"}, {"j-worker-0"}, {"j-worker-1"}, True
-    )
+    scale_in = ("ScaleIn", ["j-worker-1"])
+    wanted = probes_wanted(views, {"j-worker-0", "j-worker-1"}, {"j-worker-0"}, scale_in, True)
     assert wanted == {"j-worker-1": "drain", "j-worker-2": "ready"}
     # Without the job's key nothing can be asked about readiness; a victim still in the list
     # is not asked yet (Horovod can still see it).
     published = {"j-worker-0", "j-worker-1"}
-    assert probes_wanted(views, {"j-worker-0"}, published, {"j-worker-1"}, False) == {}
+    assert probes_wanted(views, {"j-worker-0"}, published, scale_in, False) == {}
+
+
+def test_probes_ask_a_scale_outs_published_workers_and_one_older_host_about_horovod() -> None:
+    views = classify("j", [pod(f"j-worker-{i}") for i in (0, 1, 10, 11)], set())
+    scale_out = ("ScaleOut", ["j-worker-10", "j-worker-11"])
+    hosts = {"j-worker-0", "j-worker-1"}
+    # Not yet published: the new ones are asked whether they are ready.
+    assert probes_wanted(views, hosts, hosts, scale_out, True) == {
+        "j-worker-10": "ready",
+        "j-worker-11": "ready",
+    }
+    published = hosts | {"j-worker-10", "j-worker-11"}
+    assert probes_wanted(views, published, published, scale_out, True) == {
+        "j-worker-0": "horovod",
+        "j-worker-10": "horovod",
+        "j-worker-11": "horovod",
+    }
 
 
 def test_settle_gates_new_workers_on_their_answer() -> None:
     new, host = classify("j", [pod("j-worker-2"), pod("j-worker-0")], set())
     assert not settle(new, {}, {"j-worker-0"}, set(), ssh=True).ready
     assert settle(new, {"j-worker-2": True}, {"j-worker-0"}, set(), ssh=True).ready
+    assert not settle(new, {"j-worker-2": False}, {"j-worker-0"}, set(), ssh=True).ready
     assert settle(new, {}, {"j-worker-0"}, set(), ssh=False).ready  # no SSH checks: Running
     assert settle(host, {}, {"j-worker-0"}, set(), ssh=True).ready
-    victim = settle(host, {"j-worker-0": False}, {"j-worker-0"}, {"j-worker-0"}, ssh=True)
+    idle = HorovodOn(False)
+    victim = settle(host, {"j-worker-0": idle}, {"j-worker-0"}, {"j-worker-0"}, ssh=True)
     assert not victim.ready and victim.busy is False
+    joined = HorovodOn(True, frozenset({"10.0.0.7"}))
+    seen = settle(host, {"j-worker-0": joined}, {"j-worker-0"}, set(), ssh=True)
+    assert seen.busy and seen.peers == frozenset({"10.0.0.7"}) and seen.ip == "10.0.0.1"
 
 
-def test_victims_are_those_of_the_running_scale_in() -> None:
+def test_the_running_scale_and_its_pods() -> None:
     scaler = {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}
+    grow = {"kind": "ScaleOut", "metadata": {"name": "grow"}, "status": {"addPods": ["b"]}}
     running = JobStatus(current_scaler="ScaleIn:ns/cut")
-    assert scale_in_victims(running, [scaler]) == {"a"}
-    assert scale_in_victims(JobStatus(current_scaler="ScaleOut:ns/cut"), [scaler]) == set()
+    assert running_scale(running, [scaler, grow]) == ("ScaleIn", ["a"])
+    assert running_scale(JobStatus(current_scaler="ScaleOut:ns/grow"), [scaler, grow]) == (
+        "ScaleOut",
+        ["b"],
+    )
+    assert running_scale(JobStatus(current_scaler="ScaleOut:ns/cut"), [scaler]) == ("", [])
 
 
 def body(kind: str, name: str, version: str, selects: str = "j") -> dict[str, Any]:

@@ -218,6 +218,50 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
     assert done.spec_replicas == 4 and done.status["currentScaler"] == ""
 
 
+def horovod(i: int, *peers: int, **kw: Any) -> PodView:
+    """Worker i, Running and listed, with Horovod on it connected to workers `peers`."""
+    connected = frozenset(f"10.0.0.{p}" for p in peers)
+    return w(i, ip=f"10.0.0.{i}", busy=True, peers=connected, **kw)
+
+
+def test_a_scale_out_succeeds_only_once_horovod_has_taken_its_workers_in() -> None:
+    """Horovod resets to take new hosts in; a host-list change made before that reset is done
+    is lost or reaches a worker still starting, so the next scale must not start before."""
+    spec = jspec(maxReplicas=4)
+    frozen = {"phase": "Scaling", "addPods": ["j-worker-2"], "startTime": "2026-01-01T11:59:50Z"}
+    so = scaler(scaleout("grow", "j", 1), status=frozen)
+    status = running_status([0, 1, 2], hosts=[0, 1, 2], currentScaler="ScaleOut:ns/grow")
+    hosts = ["j-worker-0", "j-worker-1", "j-worker-2"]
+    starting = [horovod(0, 1), horovod(1, 0), w(2, ip="10.0.0.2", busy=True, peers=frozenset())]
+    wait = plan_job(inp(spec, status, [*starting, launcher()], [so], published=hosts))
+    assert wait.scaler_status[so.kind_name]["phase"] == "Scaling"
+    (cond,) = [c for c in wait.scaler_status[so.kind_name]["conditions"] if c["type"] == "Scaling"]
+    assert cond["reason"] == "WaitingForHorovod" and "j-worker-2" in cond["message"]
+    assert wait.status["currentScaler"] == "ScaleOut:ns/grow"  # no next scale may start
+    assert wait.hosts == hosts  # listed meanwhile: that is how Horovod finds it
+    half = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0)]  # rendezvous under way
+    assert (
+        plan_job(inp(spec, status, [*half, launcher()], [so], published=hosts)).scaler_status[
+            so.kind_name
+        ]["phase"]
+        == "Scaling"
+    )
+    joined = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0, 1)]
+    done = plan_job(inp(spec, status, [*joined, launcher()], [so], published=hosts))
+    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    assert done.status["currentScaler"] == ""
+    # A launcher that runs no Horovod (the first host has no Horovod process): nothing to wait for.
+    idle = [w(0, ip="10.0.0.0", busy=False), w(1), w(2)]
+    plain = plan_job(inp(spec, status, [*idle, launcher()], [so], published=hosts))
+    assert plain.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    # Never taken in within the timeout: rolled back, and said why.
+    late = NOW + timedelta(seconds=60)
+    gave_up = plan_job(inp(spec, status, [*starting, launcher()], [so], now=late, published=hosts))
+    failed = gave_up.scaler_status[so.kind_name]
+    assert failed["phase"] == "ScaleFailed" and gave_up.delete_pods == ["j-worker-2"]
+    assert "Horovod did not take j-worker-2 in" in str(failed["conditions"])
+
+
 def test_scale_out_timeout_rolls_back() -> None:
     so = scaler(scaleout("grow", "j", 1, timeout=10))
     first = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), launcher()], [so]))
@@ -501,6 +545,25 @@ def test_workers_that_cannot_run_are_said_on_the_job() -> None:
     assert cond["status"] == "False"
 
 
+def test_a_launcher_that_cannot_run_is_said_on_the_job() -> None:
+    """A launcher whose image cannot be had left the job Created, LauncherCreated=True, with no
+    word of why (a worker's was said within seconds)."""
+    spec = jspec()
+    first = plan_job(inp(spec, {}, []))
+    made = plan_job(inp(spec, first.status, [w(0), w(1)]))
+    assert made.create_launcher
+    why = 'ErrImageNeverPull: Container image "nope:latest" is not present'
+    stuck = launcher("Pending", waiting=why)
+    plan = plan_job(inp(spec, made.status, [w(0), w(1), stuck]))
+    cond = next(c for c in plan.status["conditions"] if c["type"] == "LauncherPending")
+    assert cond["status"] == "True" and "j-launcher" in cond["message"] and why in cond["message"]
+    assert [e.type for e in plan.events if e.reason == "LauncherPending"] == ["Warning"]
+    assert plan.status["phase"] == "Created"
+    ran = plan_job(inp(spec, plan.status, [w(0), w(1), launcher()]))
+    cond = next(c for c in ran.status["conditions"] if c["type"] == "LauncherPending")
+    assert cond["status"] == "False" and ran.status["phase"] == "Running"
+
+
 def test_a_scale_in_that_waits_says_for_what() -> None:
     """A ScaleIn waiting on Horovod to leave its victims says so on the scaler (which pods,
     and until when), not in silence."""
@@ -585,3 +648,22 @@ def test_the_launcher_of_the_run_before_a_suspension_is_not_the_resumed_runs() -
     assert ready.status["phase"] == "Created" and not ready.create_launcher
     gone = plan_job(inp(jspec(), ready.status, [w(2), w(3)]))
     assert gone.create_launcher and gone.status["phase"] == "Created"
+
+
+def test_a_finished_scaler_no_longer_says_it_is_scaling() -> None:
+    """`kubectl describe` showed Scaling=True beside ScaleSucceeded or ScaleFailed."""
+    spec = jspec(maxReplicas=4)
+    so = scaler(scaleout("grow", "j", 1))
+    first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
+    so2 = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
+    pods = [w(0), w(1), w(2), launcher()]
+    joined = plan_job(inp(spec, first.status, pods, [so2]))
+    done = plan_job(inp(spec, joined.status, pods, [so2], published=joined.hosts))
+    ended = done.scaler_status[so.kind_name]
+    conds = {c["type"]: c for c in ended["conditions"]}
+    assert ended["phase"] == "ScaleSucceeded" and conds["ScaleSucceeded"]["status"] == "True"
+    assert conds["Scaling"]["status"] == "False" and conds["Scaling"]["reason"] == "ScaleSucceeded"
+    late = NOW + timedelta(seconds=120)
+    failed = plan_job(inp(spec, first.status, [w(0), w(1), launcher()], [so2], now=late))
+    conds = {c["type"]: c for c in failed.scaler_status[so.kind_name]["conditions"]}
+    assert conds["ScaleFailed"]["status"] == "True" and conds["Scaling"]["status"] == "False"

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from etoperator.builders import ssh
-from etoperator.sshcheck import SSHProber, busy_script, load_key
+from etoperator.sshcheck import HorovodOn, SSHProber, busy_script, load_key, ready_script
 from tests.harness import wait_for
 
 IP, PORT = "127.10.250.2", 2223
@@ -95,3 +98,57 @@ def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
 def test_busy_script_quotes_the_name() -> None:
     script = busy_script("x'; rm -rf /; echo '")
     assert "'HOROVOD_HOSTNAME=x'\"'\"'; rm -rf /; echo '\"'\"''" in script
+
+
+def test_horovod_tells_to_whom_its_processes_are_connected(sshd: ssh.KeyPair) -> None:
+    """A joining worker is taken in once its Horovod process is connected to the other hosts:
+    the probe reads the addresses its sockets are connected to, not those of other processes."""
+    prober = SSHProber(port=PORT, timeout=3)
+    key = load_key(sshd.private_openssh)
+    marker = f"etoperator-peers-test-{uuid.uuid4().hex[:8]}"
+    peer = "127.10.250.9"
+    listener = subprocess.Popen(
+        [sys.executable, "-c", LISTEN, peer, marker], stdout=subprocess.PIPE, text=True
+    )
+    assert listener.stdout is not None
+    port = int(listener.stdout.readline())
+    connect = (
+        f"HOROVOD_HOSTNAME=job-worker-3 nohup {sys.executable} -c {shlex.quote(CONNECT)} "
+        f"{peer} {port} {marker} >/dev/null 2>&1 & echo started"
+    )
+    try:
+        assert prober.horovod(IP, key, "job-worker-3") == HorovodOn(False)
+        assert prober.run(IP, key, connect)[0] == 0
+        wait_for(lambda: peers_of(prober, key, "job-worker-3"), 5, "connected")
+        assert prober.horovod(IP, key, "job-worker-3") == HorovodOn(True, frozenset({peer}))
+        # The listener's end is connected too, but it is not a Horovod process of worker-3.
+        assert prober.horovod(IP, key, "job-worker-4") == HorovodOn(False)
+    finally:
+        subprocess.run(["pkill", "-f", marker])
+        listener.kill()
+        listener.wait()
+
+
+def peers_of(prober: SSHProber, key: paramiko.PKey, hostname: str) -> frozenset[str]:
+    state = prober.horovod(IP, key, hostname)
+    return state.peers if state is not None else frozenset()
+
+
+LISTEN = """import socket, sys, time
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(); print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); time.sleep(60)
+"""
+CONNECT = """import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); time.sleep(60)
+"""
+
+
+def test_ready_only_once_the_name_resolves_to_the_worker(sshd: ssh.KeyPair) -> None:
+    """Horovod reaches a worker by name: a worker whose name does not resolve (to its own
+    address) yet is not ready, whatever its sshd says."""
+    prober = SSHProber(port=PORT, timeout=3)
+    key = load_key(sshd.private_openssh)
+    assert prober.ready(IP, key)
+    assert not prober.ready(IP, key, "etoperator-no-such-host.invalid")
+    assert not prober.ready(IP, key, "localhost")  # resolves, but not to this worker's address
+    assert prober.run(IP, key, ready_script("localhost", "127.0.0.1"))[0] == 0

@@ -1,0 +1,99 @@
+"""Real `horovodrun` on the real nodes: training across two nodes, and the seams where the
+operator's host-list changes meet Horovod's elastic driver (a scale-in right after a
+scale-out, at several gaps)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from localcluster.tour import Training
+from tests.harness import Cluster, wait_for
+from tests.support.manifests import IMAGE, job, scalein, scaleout
+from tests.support.waits import settled
+
+pytestmark = pytest.mark.integration
+TRAIN = "/opt/etoperator/examples/elastic_train.py"
+# Seconds between a ScaleOut's success and a ScaleIn of the worker it added.
+GAPS = (0, 1, 2, 3, 5, 10)
+
+
+def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, Any]:
+    """A job whose launcher runs the example under horovodrun, its workers the image's sshd."""
+    body = job(name, replicas, **spec)
+    roles = body["spec"]["etReplicaSpecs"]
+    roles["launcher"]["template"]["spec"]["containers"][0]["command"] = [
+        "horovodrun", "-np", str(replicas), "--min-np", "1", "--max-np", "4",
+        "--host-discovery-script", "/etc/edl/discover_hosts.sh",
+        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.05",
+    ]  # fmt: skip
+    roles["worker"]["template"] = {
+        "spec": {"containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never"}]}
+    }
+    return body
+
+
+def training(cluster: Cluster, ns: str, name: str) -> Training:
+    return Training(lambda: cluster.pod_log(ns, f"{name}-launcher"))
+
+
+def test_horovodrun_trains_across_two_nodes(cluster: Cluster, ns: str) -> None:
+    """Horovod connects every rank to every other: on two nodes that is pod traffic from node
+    to node, which the local cluster did not route (horovodrun failed to start there)."""
+    body = horovod_job("across", 2, steps=40)
+    apart = {
+        "labelSelector": {
+            "matchLabels": {"training-job-name": "across", "training-job-role": "worker"}
+        },
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    worker = body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
+    worker["affinity"] = {
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [apart]}
+    }
+    cluster.create(body, ns)
+    tr = training(cluster, ns, "across")
+    nodes = wait_for(lambda: worker_nodes(cluster, ns, "across"), 60, "workers placed")
+    assert nodes is not None and len(set(nodes)) == 2, f"one worker a node: {nodes}"
+    wait_for(lambda: cluster.phase(ns, "across") in ("Succeeded", "Failed"), 240, "the end")
+    assert cluster.phase(ns, "across") == "Succeeded", cluster.pod_log(ns, "across-launcher")
+    done = tr.read().done
+    assert done is not None and done[0] == 40 and done[1] == 2, done
+
+
+def worker_nodes(cluster: Cluster, ns: str, name: str) -> list[str] | None:
+    pods = [cluster.obj("Pod", ns, p) for p in cluster.pods(ns, name, "worker")]
+    nodes = [str((p.get("spec") or {}).get("nodeName") or "") for p in pods]
+    return nodes if len(nodes) == 2 and all(nodes) else None
+
+
+def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster, ns: str) -> None:
+    """The README's commands back to back: a ScaleOut, then a ScaleIn by count (its victim the
+    worker just added) 0 to 10 s after the ScaleOut succeeded. The ScaleOut succeeds only once
+    Horovod trains on the new worker, so the ScaleIn never meets a worker horovodrun is still
+    starting (deleted under it: the job failed) nor a reset that loses its host-list change
+    (the drain waited out its timeout, then killed the worker mid-training)."""
+    cluster.create(horovod_job("race", 2, steps=1_000_000, maxReplicas=4), ns)
+    tr = training(cluster, ns, "race")
+    wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
+    for gap in GAPS:
+        grow, shrink = f"out-{gap}", f"in-{gap}"
+        cluster.create(scaleout(grow, "race", 1, timeout=120), ns)
+        settled(cluster, ns, "ScaleOut", grow, "ScaleSucceeded", 150)
+        added = cluster.status(ns, grow, "ScaleOut")["addPods"]
+        time.sleep(gap)  # the scenario's gap, not a wait for anything
+        asked = time.monotonic()
+        cluster.create(scalein(shrink, "race", count=1, timeout=60), ns)
+        settled(cluster, ns, "ScaleIn", shrink, "ScaleSucceeded", 70)
+        took = time.monotonic() - asked
+        print(f"gap {gap} s: the ScaleIn took {took:.1f} s")
+        assert cluster.status(ns, shrink, "ScaleIn")["toDeletePods"] == added
+        assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, "killed busy"
+        assert took < 30, f"gap {gap} s: the ScaleIn took {took:.0f} s of its 60 s timeout"
+        # The job's phase is written in the pass after the scaler's end.
+        wait_for(lambda: cluster.phase(ns, "race") in ("Running", "Failed"), 10, "Running")
+        assert cluster.phase(ns, "race") == "Running", cluster.pod_log(ns, "race-launcher")
+    since = time.time()
+    wait_for(lambda: tr.first_step_at(2, since), 60, "training on at size 2", interval=0.5)
