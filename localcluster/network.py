@@ -6,7 +6,8 @@ Layout for cluster slot k (0-9, so that a demo and a test run can live side by s
   - node n (1-based) in a network namespace of its own, `etok<k>-n<n>`, reached over a veth pair
     whose node end is `eth0` with 10.200.<k>.<n+1>/24 (the kubelet refuses a loopback node IP);
   - pods of node n on that node's CNI bridge, 10.<210+k>.<n>.0/24, routed from this machine
-    through the node (so the operator, run here, reaches pod IPs as it would in a cluster).
+    and from every other node through the node (so pods reach each other across nodes, and
+    the operator, run here, reaches pod IPs as it would in a cluster).
 Everything it adds on this machine hangs off the bridge and the veth pairs: deleting them (and
 the namespaces) removes the routes with them.
 """
@@ -156,12 +157,23 @@ class Network:
         ip("link", "set", "eth0", "up", netns=ns)
         ip("route", "add", "default", "via", self.gateway, netns=ns)
         ip("route", "add", self.pod_cidr(n), "via", self.node_ip(n))
+        for other in self.nodes():  # node to node over the bridge, as a cluster's routes do
+            if other != n:
+                ip("route", "replace", self.pod_cidr(other), "via", self.node_ip(other), netns=ns)
+                ip("route", "replace", self.pod_cidr(n), "via", self.node_ip(n),
+                   netns=self.netns(other))  # fmt: skip
         # Forwarding between the node's pods and the bridge: a setting of the node's namespace.
         subprocess.run(
             ["nsenter", f"--net={NETNS_DIR / ns}", "sysctl", "-qw", "net.ipv4.ip_forward=1"],
             check=True,
         )
         return ns
+
+    def nodes(self) -> list[int]:
+        """The nodes whose namespaces exist in this slot."""
+        prefix = f"{self.bridge}-n"
+        found = sorted(NETNS_DIR.glob(f"{prefix}*")) if NETNS_DIR.exists() else []
+        return [int(p.name[len(prefix) :]) for p in found if p.name[len(prefix) :].isdigit()]
 
     def delete(self) -> bool:
         """The slot's veths, namespaces and bridge; whether there were any. A veth goes with

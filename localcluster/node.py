@@ -11,6 +11,7 @@ cgroups (cgroupfs, under a root of this node's own name).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,9 +144,11 @@ class RealNode:
         self._enter = [
             "nsenter", f"--net={NETNS_DIR / netns}", f"--mount={self._mnt}", "--",
         ]  # fmt: skip
+        self._seed_store()
         self._containerd()
         self._clear_leftovers()
-        self._import_images()
+        if self._import_images():
+            self._refresh_seed()
         self._kubelet()
         self._kube_proxy()
         return self
@@ -211,18 +215,60 @@ class RealNode:
                 args = ("rm", "-f", i) if kind != "containers" else ("rm", i)
                 self.ctr(kind, *args, check=False)
 
-    def _import_images(self) -> None:
+    def _import_images(self) -> bool:
         """Each archive once per store (its name carries the hash of what it was built from),
-        and again if its image went missing from the store."""
-        done_file = self.store_root.parent / "imported"
+        and again if its image went missing from the store. Its layers are kept unpacked only:
+        the packed copy would double the store (6 GB more for the training image)."""
+        # "-unpacked": stores filled before layers were discarded are imported into once more.
+        done_file = self.store_root.parent / "imported-unpacked"
         done = set(done_file.read_text().split()) if done_file.exists() else set()
         present = set(self.ctr("images", "ls", "-q").stdout.split())
+        imported = False
         for archive in self.images:
             if archive.name not in done or image_name(archive) not in present:
-                self.ctr("images", "import", str(archive))
+                self.ctr("images", "import", "--local", "--discard-unpacked-layers", str(archive))
                 with open(done_file, "a") as f:
                     f.write(archive.name + "\n")
+                imported = True
         self._drop_replaced_images()
+        return imported
+
+    # -- the seed: one store's images shared by every store, through hard links ----------------
+
+    @property
+    def seed(self) -> Path | None:
+        return self.store.parent / "seed" if self.store is not None else None
+
+    def _seed_store(self) -> None:
+        """A node's new store is made from the seed by hard links: an image's unpacked layers
+        are files no container writes (each container writes to a layer of its own), so every
+        store can share them, and a new store needs no import (two minutes and 6 GB for the
+        training image, once per node of every cluster slot)."""
+        seed, store = self.seed, self.store
+        if seed is None or store is None or self.store_root.exists():
+            return
+        with _locked(seed.with_name("seed.lock")):
+            if (seed / "root").is_dir():
+                _link_copy(seed, store)
+
+    def _refresh_seed(self) -> None:
+        """After an import, the seed becomes a copy of this store (made while no pod ran yet),
+        once the runtime has dropped the packed layers (they are not worth sharing)."""
+        seed, store = self.seed, self.store
+        assert seed is not None and store is not None
+        blobs = self.store_root / "io.containerd.content.v1.content" / "blobs"
+
+        def packed() -> int:
+            return sum(f.stat().st_size for f in blobs.rglob("*") if f.is_file())
+
+        deadline = time.monotonic() + 60
+        while packed() > 50 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        with _locked(seed.with_name("seed.lock")):
+            fresh = seed.with_name("seed.new")
+            _link_copy(store, fresh)
+            shutil.rmtree(seed, ignore_errors=True)
+            fresh.rename(seed)
 
     def _drop_replaced_images(self) -> None:
         """Images a newer import under the same name replaced (each rebuild of the operator's
@@ -375,6 +421,33 @@ def forget_slot_cni_results(slot: int) -> bool:
     return bool(ids)
 
 
+def _link_copy(src: Path, dst: Path) -> None:
+    """`dst` as a copy of the store `src` whose files are hard links, but for what is written
+    in place (containerd's databases, our import record): those are copies of their own."""
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp = dst.with_name(dst.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run(["cp", "-a", "--link", str(src), str(tmp)], check=True)
+    for f in [*tmp.rglob("*.db"), *tmp.glob("imported*")]:
+        if f.is_file():
+            own = f.with_name(f.name + ".own")
+            shutil.copy2(f, own)
+            os.replace(own, f)
+    tmp.rename(dst)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Held while the seed is read or replaced (clusters start side by side)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def reclaim(slot: int) -> bool:
     """Everything of a slot's nodes that a killed run left: processes (pods, shims), mount
     namespaces, cgroups; whether there was any. (The network goes with Network.delete.)"""
@@ -475,7 +548,9 @@ def cni_config(net: Network, n: int, ipam_dir: Path) -> dict[str, object]:
     """The node's pod network. Its addresses are handed out from a store of its own: in a store
     shared by nodes (the plugin's default, in this machine's /var/lib/cni) each node found the
     other's last address, started again from the bottom of its range and gave a new pod the
-    address of one just deleted, which the node still reached at the old pod's MAC for ~40 s."""
+    address of one just deleted, which the node still reached at the old pod's MAC for ~40 s.
+    No masquerade: a pod sees its peers' own addresses, on this node or another (routed node to
+    node, Network.add_node), as in a cluster's pod network."""
     return {
         "cniVersion": "1.0.0",
         "name": cni_network(net.slot),
@@ -484,7 +559,7 @@ def cni_config(net: Network, n: int, ipam_dir: Path) -> dict[str, object]:
                 "type": "bridge",
                 "bridge": "cni0",
                 "isGateway": True,
-                "ipMasq": True,
+                "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",

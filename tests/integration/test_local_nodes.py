@@ -58,3 +58,48 @@ def test_a_nodes_store_holds_only_the_images_it_runs(cluster: Cluster) -> None:
         digests = {ref[2] for ref in refs if ref[0] in running}
         assert running <= {ref[0] for ref in refs}
         assert [ref[0] for ref in refs if ref[2] not in digests] == []
+
+
+def test_pods_on_different_nodes_reach_each_other_by_their_own_addresses(
+    cluster: Cluster, ns: str
+) -> None:
+    """Horovod connects every rank to every other: workers on two nodes must reach each other,
+    and each must see the other's own address (no masquerade), as in a cluster's pod network."""
+    first, second = cluster.node_names()
+    addresses = {"a": run_pod(cluster, ns, "a", first), "b": run_pod(cluster, ns, "b", second)}
+    serve = (
+        "import socket; s=socket.socket(); s.bind(('',7000)); s.listen(); c,a=s.accept(); "
+        "open('/tmp/seen','w').write(a[0])"
+    )
+    call = "import socket,sys; socket.create_connection((sys.argv[1],7000),timeout=3).close()"
+    for server, client in (("a", "b"), ("b", "a")):
+        seen = connect_across(cluster, ns, server, client, addresses[server], serve, call)
+        assert seen == addresses[client], f"{server} saw {seen!r}, not {client}'s own address"
+
+
+def connect_across(
+    cluster: Cluster, ns: str, server: str, client: str, address: str, serve: str, call: str
+) -> str:
+    """`client` connects to `server`'s listener; the address `server` saw it come from."""
+    cluster.exec(ns, server, "sh", "-c", f'nohup python3 -c "{serve}" >/dev/null 2>&1 &')
+    wait_for(
+        lambda: cluster.exec(ns, client, "python3", "-c", call, address, check=False).returncode
+        == 0,
+        20, f"{client} reaching {server} across nodes", interval=0.2,
+    )  # fmt: skip
+    seen = wait_for(
+        lambda: cluster.exec(ns, server, "cat", "/tmp/seen", check=False).stdout.strip(),
+        10,
+        f"{server} telling whom it saw",
+    )
+    return str(seen)
+
+
+def test_a_nodes_store_keeps_image_layers_unpacked_only(cluster: Cluster) -> None:
+    """The packed layers are dropped once unpacked: each store held the training image twice
+    (12 GB a node, two nodes a test run, one more a demo)."""
+    assert cluster.local.real is not None
+    for node in cluster.local.real.nodes:
+        blobs = node.store_root / "io.containerd.content.v1.content" / "blobs"
+        packed = sum(f.stat().st_size for f in blobs.rglob("*") if f.is_file())
+        assert packed < 50 * 2**20, f"{node.name}: {packed / 2**30:.1f} GiB of packed layers"
