@@ -48,7 +48,8 @@ DEEPSPEED_KEY = "deepspeed-hostfile"
 SSH_PORT = 22
 SERVICE_PORTS = (22, 9009)
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS1123_LABEL = re.compile(DNS1123_LABEL_PATTERN)
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )

@@ -154,7 +154,15 @@ def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
             "selector": {
                 "type": "object",
                 "required": ["name"],
-                "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 63}},
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": 63,
+                        "pattern": naming.DNS1123_LABEL_PATTERN,
+                        "description": "the TrainingJob's name (a DNS-1123 label)",
+                    }
+                },
             },
             "timeout": f.TIMEOUT.schema(),
             "script": {

@@ -335,9 +335,11 @@ class JobReconciler:
         body = self.kube.get(kind, namespace, name)
         if body is None:
             return
-        job_name = naming.selected_job(body)
-        job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
         view = scaler_view(body, None)
+        # Only a valid name is looked up: another (say "a/b") would ask the apiserver for a
+        # subresource, and its refusal is not this scaler's answer (InvalidSpec is).
+        job_name = view.spec.job if view.spec is not None else ""
+        job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
         new, event = plan_orphan_scaler(view, job is not None, self.clock())
         if new is None:
             return

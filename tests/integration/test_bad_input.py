@@ -109,6 +109,11 @@ SCHEMA: dict[str, tuple[Manifest, str]] = {
     "ScaleOut selector missing": (so(selector=None), "selector"),
     "ScaleOut selector name empty": (so(selector={"name": ""}), "name"),
     "ScaleOut selector name too long": (so(selector={"name": "a" * 64}), "name"),
+    "ScaleOut selector name with a slash": (so(selector={"name": "x/y"}), "spec.selector.name"),
+    "ScaleIn selector name in capitals": (
+        scalein("bad", "Not_A_Job", count=1),
+        "spec.selector.name",
+    ),
     "ScaleIn count and podNames": (si(count=1, podNames=["x"]), "exactly one of"),
     "ScaleIn neither": (si(), "exactly one of"),
     "ScaleIn podNames empty": (si(podNames=[]), "podNames"),
@@ -195,6 +200,16 @@ OPERATOR: dict[str, tuple[Manifest, str, str, str]] = {
            name="thief"),
         "Blocked", "ChildConflict", f"belongs to TrainingJob {BYSTANDER}",
     ),
+    "another job's SSH Secret mounted by the worker template": (
+        tj(at(f"{W}.template.spec.volumes", [{"name": "stolen", "secret": {
+            "secretName": BYSTANDER}}]), name="thief2"),
+        "Blocked", "ChildConflict", f"TrainingJob {BYSTANDER}'s SSH key",
+    ),
+    "another job's SSH Secret in the launcher's environment": (
+        tj(at(f"{LC0}.env", [{"name": "K", "valueFrom": {"secretKeyRef": {
+            "name": BYSTANDER, "key": "id_rsa"}}}]), name="thief3"),
+        "Blocked", "ChildConflict", "containers[0].env[0] names Secret",
+    ),
     "a missing SSH Secret": (
         tj(at("metadata.annotations", {"arena.kubeflow.org/ssh-secret": "nowhere"}),
            name="nokey"),
@@ -242,9 +257,6 @@ OPERATOR: dict[str, tuple[Manifest, str, str, str]] = {
     "a pod named twice": (
         scalein("twice", BYSTANDER, pod_names=[f"{BYSTANDER}-worker-0"] * 2),
         "ScaleFailed", "InvalidSpec", "lists a pod twice",
-    ),
-    "a selector that is no job name": (
-        scaleout("badsel", "Not_A_Job", 1), "ScaleFailed", "InvalidSpec", "not a valid TrainingJob",
     ),
 }  # fmt: skip
 
