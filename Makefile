@@ -2,10 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test lint unit integration fullchain crds bench demo demo-down cluster-test
+.PHONY: setup clean test lint unit integration fullchain crds bench demo demo-down cluster-test
 
 setup:
 	hack/setup.sh
+
+# Everything `make setup` and the clusters put on this machine outside the checkout.
+clean:
+	hack/clean.sh
 
 # The whole default suite: lint, types, and every test tier that runs on one machine.
 test: lint

@@ -79,9 +79,17 @@ def demo_up(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     return demo, "".join(seen)
 
 
+def demo_down(state: Path) -> subprocess.CompletedProcess[str]:
+    """`make demo-down` for this test's demo only: without --dir it would stop every demo on
+    this machine, a user's too."""
+    return subprocess.run(
+        ["make", "demo-down", f"ARGS=--dir {state}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
-    """The tour, then the demo keeps running until `make demo-down` (no arguments) stops it,
-    although it was started with ARGS="--dir X"."""
+    """The tour, then the demo keeps running until `make demo-down` stops it."""
     state, results = tmp_path / "demo", tmp_path / "timings.json"
     before = machine_as_found()
     demo, out = demo_up(state, "--results", str(results))
@@ -105,9 +113,7 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
             "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
             "kubectl_scale_3", "worker_killed",
         }  # fmt: skip
-        down = subprocess.run(
-            ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
-        )
+        down = demo_down(state)
         assert down.returncode == 0 and "stopped the demo" in down.stdout, down.stdout
         assert demo.wait(60) == 0
     finally:
@@ -134,9 +140,7 @@ def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> Non
         demo.kill()
         demo.wait(60)
     assert host_state()["netns"] == up["netns"]  # what a killed run leaves
-    down = subprocess.run(
-        ["make", "demo-down"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    down = demo_down(state)
     assert down.returncode == 0 and "no demo is running" in down.stdout, down.stdout
     assert "cleared what" in down.stdout, down.stdout
     assert host_state() == before
