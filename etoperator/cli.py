@@ -6,7 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,19 +99,40 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     for noisy in ("kubernetes", "paramiko", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    etoperator.handlers.STOP_WIRED = True  # SIGTERM hands the Lease over first, then stops
     asyncio.run(
-        kopf.operator(
-            stop_flag=etoperator.handlers.STOP,
-            standalone=True,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=args.liveness or None,
-            # kopf would ask the user database, which has no entry for deploy/'s uid.
-            identity=Identity(own_identity(os.environ)),
+        _operate(
+            kopf.operator(
+                stop_flag=etoperator.handlers.STOP,
+                standalone=True,
+                clusterwide=not args.namespace,
+                namespaces=args.namespace,
+                liveness_endpoint=args.liveness or None,
+                # kopf would ask the user database, which has no entry for deploy/'s uid.
+                identity=Identity(own_identity(os.environ)),
+            )
         )
     )
     return 0
+
+
+async def _operate(operator: Coroutine[Any, Any, None]) -> None:
+    """kopf, with SIGTERM taken over once kopf has installed its own handler (SIGINT stays
+    kopf's): the Lease is handed over before kopf winds down (etoperator.handlers.hand_over)."""
+    import etoperator.handlers
+
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []  # kept while they run
+    task = asyncio.create_task(operator)
+    # kopf's handler is in once SIGTERM has a Python handler (the disposition inherited before
+    # it, default or ignored, is no callable).
+    while not callable(signal.getsignal(signal.SIGTERM)) and not task.done():
+        await asyncio.sleep(0.05)
+    if not task.done():
+        loop.add_signal_handler(
+            signal.SIGTERM,
+            lambda: tasks.append(asyncio.create_task(etoperator.handlers.hand_over())),
+        )
+    await task
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +83,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         resync=cfg.resync,
     )
     memo.rt = rt
+    MEMO[:] = [memo]
     if cfg.leader_election:
         election = LeaderElection(reconciler.kube, cfg.lease_namespace, cfg.identity)
         rt.leading = election.leading
@@ -91,7 +91,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         # Kept in the memo, so that the tasks are not collected while they run.
         memo.election = [asyncio.create_task(election.run()), asyncio.create_task(rt.lead())]
         memo.election[0].add_done_callback(lambda task: _election_ended(task, election))
-        memo.election.append(asyncio.create_task(take_sigterm(memo)))
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started %s", cfg.describe())
@@ -107,28 +106,18 @@ def _election_ended(task: asyncio.Task[None], election: LeaderElection) -> None:
     election.on_lost()
 
 
-# Set by the CLI, which runs kopf with it as its stop flag: SIGTERM is then ours (below).
+# The CLI runs kopf with STOP as its stop flag and sends SIGTERM to `hand_over` (cli.py).
 STOP = asyncio.Event()
-STOP_WIRED = False
+MEMO: list[kopf.Memo] = []  # the operator's memo, once started
 
 
-async def take_sigterm(memo: kopf.Memo) -> None:
-    """SIGTERM (a pod deleted, a rollout) hands over first, then stops kopf: kopf runs its
-    cleanup only after its watchers have wound down (2-5 s measured), and the standby would
-    wait that long for the Lease. kopf installs its own handler just before the startup
-    activity runs; this replaces it once that has happened."""
-    if not STOP_WIRED:
-        return
-    await asyncio.sleep(0.1)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(
-        signal.SIGTERM, lambda: memo.election.append(asyncio.create_task(hand_over(memo)))
-    )
-
-
-async def hand_over(memo: kopf.Memo) -> None:
+async def hand_over() -> None:
+    """SIGTERM (a pod deleted, a rollout): hand the Lease over first, then stop kopf. kopf runs
+    its cleanup only once its watchers have wound down (2-5 s measured), and the standby would
+    wait that long for the Lease."""
     log.info("Signal SIGTERM received: handing over, then stopping")
-    await stop_acting(memo)
+    if MEMO:
+        await stop_acting(MEMO[0])
     STOP.set()
 
 

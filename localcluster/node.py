@@ -427,12 +427,16 @@ def _link_copy(src: Path, dst: Path) -> None:
     shutil.rmtree(dst, ignore_errors=True)
     tmp = dst.with_name(dst.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run(["cp", "-a", "--link", str(src), str(tmp)], check=True)
+    res = subprocess.run(["cp", "-a", "--link", str(src), str(tmp)], capture_output=True, text=True)
+    # What the runtime removes meanwhile (the leftovers of an unpack, collected just after it)
+    # is skipped: its databases, copied last, no longer name it.
+    errors = [e for e in res.stderr.splitlines() if "No such file or directory" not in e]
+    if res.returncode != 0 and errors:
+        raise RuntimeError(f"copying {src}: {'; '.join(errors)}")
     for f in [*tmp.rglob("*.db"), *tmp.glob("imported*")]:
-        if f.is_file():
-            own = f.with_name(f.name + ".own")
-            shutil.copy2(f, own)
-            os.replace(own, f)
+        own = f.with_name(f.name + ".own")
+        shutil.copy2(f, own)
+        os.replace(own, f)
     tmp.rename(dst)
 
 

@@ -148,7 +148,7 @@ def test_an_apiserver_restart_mid_scale_never_leaves_two_leaders(
     # rightly have taken its own Lease again: its old process is gone).
     replicas[leader].start()
     wait_for(lambda: cluster.phase(ns, "grow", "ScaleOut") == "ScaleSucceeded", 90)
-    running(cluster, ns, "ar")
+    running(cluster, ns, "ar", 3)
     assert holders.stop() == [leader, standby], "one holder at a time, handed over once"
     assert cluster.pods(ns, "ar", "worker") == ["ar-worker-0", "ar-worker-1", "ar-worker-2"]
     assert cluster.status(ns, "grow", "ScaleOut")["addPods"] == ["ar-worker-2"]  # planned once
