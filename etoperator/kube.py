@@ -264,12 +264,15 @@ class Kube:
             )
             resp.run_forever(timeout=timeout)
             output = resp.read_stdout() + resp.read_stderr()
-            code = resp.returncode
+            ended = resp.read_channel(3)  # the kubelet's word on how the command ended
+            still = resp.is_open()
             resp.close()
         except (ApiException, WebSocketException, OSError, ValueError, TypeError) as exc:
             # TypeError: what the client raises for an argument it cannot send (a NUL byte).
             return -1, f"could not run it: {exc}"
-        return (code if code is not None else -1), output
+        if still:
+            return -1, f"could not run it: no end within {timeout:.0f}s"
+        return exec_outcome(ended, output)
 
     def event(
         self, obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime
@@ -286,6 +289,23 @@ class Kube:
                 level, "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"),
                 exc,
             )  # fmt: skip
+
+
+def exec_outcome(ended: str, output: str) -> tuple[int, str]:
+    """(exit code, output) from the status the kubelet sends when an exec ends: -1 and why,
+    when the command could not run at all (a file missing, not executable, an argument list
+    too long), in the kubelet's words."""
+    try:
+        status = json.loads(ended) if ended.strip() else {}
+    except ValueError:
+        status = {}
+    if status.get("status") == "Success":
+        return 0, output
+    for cause in (status.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return int(cause["message"]), output
+    why = status.get("message") or "the exec ended without a status"
+    return -1, f"could not run it: {why}"
 
 
 def event_manifest(

@@ -38,23 +38,16 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
     missing = [n for n in new if not (d.workers.get(n) and d.workers[n].ready)]
     # The timeout bounds the joining only: once they are in, a script that runs on is
     # reported when it ends (bounded by the same timeout), never a rollback.
-    if broken or (missing and timed_out(d, sc)):
-        assert sc.spec is not None
-        why = (
-            f"new workers failed while joining: {', '.join(broken)}"
-            if broken
-            else f"new workers not ready within {sc.spec.timeout}s: "
-            + ", ".join(not_ready_why(d, n) for n in missing)
-        )
+    assert sc.spec is not None
+    limit = sc.spec.timeout
+    if broken:
+        why = f"new workers failed while joining: {', '.join(broken)}"
         return fail_scale_out(d, sc, m, new, why, f"{why}; removed {', '.join(new)}")
     if missing:
-        assert sc.spec is not None
-        what = (
-            f"waiting for {', '.join(not_ready_why(d, n) for n in missing)} to accept the "
-            f"job's SSH key and resolve by name (up to the {sc.spec.timeout}s timeout)"
-        )
-        wait_on(d, sc, "WaitingForWorkers", what, f"new workers not ready: {missing}")
-        return m
+        names = ", ".join(not_ready_why(d, n) for n in missing)
+        failed = f"new workers not ready within {limit}s: {names}"
+        waiting = f"waiting for {names} to accept the job's SSH key and resolve by name"
+        return wait_to_join(d, sc, m, new, "WaitingForWorkers", failed, waiting)
     m = m.hosting(*new)
     # Succeed only once Horovod can see them (the ConfigMap is written after statuses), and
     # has taken them in: until then Horovod is resetting, and a host-list change made
@@ -63,23 +56,31 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
         d.come_back("new workers not yet in the published host list")
         return m
     horovod, outside = horovod_on(d, new)
-    if outside and timed_out(d, sc):
-        assert sc.spec is not None
-        why = (
-            f"Horovod did not take {', '.join(outside)} in within {sc.spec.timeout}s (is "
-            "horovodrun's --max-np below the new size?)"
-        )
-        return fail_scale_out(d, sc, m, new, why, f"{why}; removed {', '.join(new)}")
     if outside:
-        assert sc.spec is not None
-        what = (
-            f"waiting for Horovod to take {', '.join(outside)} in (up to the "
-            f"{sc.spec.timeout}s timeout)"
+        names = ", ".join(outside)
+        failed = (
+            f"Horovod did not take {names} in within {limit}s (is horovodrun's --max-np below "
+            "the new size?)"
         )
-        wait_on(d, sc, "WaitingForHorovod", what, f"Horovod has not taken in {outside}")
-    elif ensure_script_ran(d, sc, new):
+        return wait_to_join(
+            d, sc, m, new, "WaitingForHorovod", failed, f"waiting for Horovod to take {names} in"
+        )
+    if ensure_script_ran(d, sc, new):
         trains = ": Horovod trains on them" if horovod else " to the host list"
         finish_scale(d, sc, f"added {', '.join(new)}{trains}")
+    return m
+
+
+def wait_to_join(
+    d: Draft, sc: ScalerView, m: Members, new: list[str], reason: str, failed: str, waiting: str
+) -> Members:
+    """New workers not in yet: the scale waits, saying for what, until its timeout rolls it
+    back (`failed` says why)."""
+    assert sc.spec is not None
+    if timed_out(d, sc):
+        return fail_scale_out(d, sc, m, new, failed, f"{failed}; removed {', '.join(new)}")
+    what = f"{waiting} (up to the {sc.spec.timeout}s timeout)"
+    wait_on(d, sc, reason, what, f"{reason}: {waiting}")
     return m
 
 
@@ -170,8 +171,8 @@ def drive_scale_in(d: Draft, sc: ScalerView, m: Members) -> Members:
 
 def ensure_script_ran(d: Draft, sc: ScalerView, pods: list[str]) -> bool:
     """The scaler's script (if any) has run on the launcher; else ask for it to run. One
-    marked as started (by an operator that may since have restarted) may still run: it is
-    asked for again only once its timeout, which ends it in the launcher, has passed."""
+    marked as started is never started again: its end is recorded on the launcher, and an
+    operator that did not see it end (it restarted meanwhile) asks the launcher for it."""
     assert sc.spec is not None
     ran = st.condition(sc.typed.conditions or [], SCRIPT_EXECUTED)
     if not sc.spec.script or (ran and ran.get("status") in ("True", "False")):
@@ -179,15 +180,21 @@ def ensure_script_ran(d: Draft, sc: ScalerView, pods: list[str]) -> bool:
     if d.launcher is None or d.launcher.phase != "Running":
         return True  # nowhere to run it; the scale itself goes on
     started = parse_iso(str((ran or {}).get("lastTransitionTime") or "")) if ran else None
-    if started is not None and d.inp.now < started + timedelta(
-        seconds=sc.spec.timeout + SCRIPT_GRACE
-    ):
-        d.come_back("the scaler's script runs")
-        return False
-    argv = script_argv(sc.spec, pods, d.spec.slots_per_worker)
-    d.plan.run_scripts.append((sc.kind_name, argv, sc.spec.timeout))
+    record = script_record(sc)
+    if started is not None:
+        over = d.inp.now >= started + timedelta(seconds=sc.spec.timeout + SCRIPT_GRACE)
+        d.plan.check_scripts.append((sc.kind_name, record, over))
+    else:
+        argv = script_argv(sc.spec, pods, d.spec.slots_per_worker)
+        d.plan.run_scripts.append((sc.kind_name, argv, sc.spec.timeout, record))
     d.come_back("the scaler's script runs")
     return False
+
+
+def script_record(sc: ScalerView) -> str:
+    """Where the launcher records the script's run: one name per scaler, a new one for a new
+    scaler of the same name (a file name: scaler names are DNS labels)."""
+    return f"{sc.kind}-{sc.name}-{''.join(c for c in sc.created if c.isdigit())}"
 
 
 def finish_scale(d: Draft, sc: ScalerView, what: str) -> None:

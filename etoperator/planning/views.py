@@ -110,4 +110,9 @@ class Plan:
     requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
     pending: list[str] = field(default_factory=list)  # why the next pass should come soon
     settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
-    run_scripts: list[tuple[tuple[str, str], list[str], int]] = field(default_factory=list)
+    # (scaler, argv, timeout, record): scripts to start; a record names where the launcher
+    # keeps the run's pid and exit code.
+    run_scripts: list[tuple[tuple[str, str], list[str], int, str]] = field(default_factory=list)
+    # (scaler, record, over): scripts marked started that this pass did not see end: ask the
+    # launcher's record (`over`: past its timeout, so a run not recorded will never end).
+    check_scripts: list[tuple[tuple[str, str], str, bool]] = field(default_factory=list)

@@ -140,9 +140,11 @@ class Children:
         """The Secret the annotation names: not the job's own, so not watched; read again at
         most every few minutes (and whenever it was found wanting)."""
         jid = job_id(spec.namespace, spec.name, spec.uid)
-        checked = self._user_secret_checked.get(jid)
-        if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
-            return []
+        return self._rechecked(
+            self._user_secret_checked, jid, lambda: self._user_secret_problems(spec)
+        )
+
+    def _user_secret_problems(self, spec: JobSpec) -> list[str]:
         secret, name = self.user_secret(spec), spec.ssh_secret
         problems = []
         if secret is None:
@@ -154,10 +156,21 @@ class Children:
                 f"SSH Secret {name} belongs to TrainingJob {other}: a job may only name a "
                 "Secret of its own (its key opens that job's workers)"
             )
+        return problems
+
+    def _rechecked(
+        self, memo: dict[str, datetime], jid: str, check: Callable[[], list[str]]
+    ) -> list[str]:
+        """`check` again at most every few minutes while it finds nothing; every time while it
+        does (what it reads is not watched)."""
+        checked = memo.get(jid)
+        if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
+            return []
+        problems = check()
         if problems:
-            self._user_secret_checked.pop(jid, None)
+            memo.pop(jid, None)
         else:
-            self._user_secret_checked[jid] = self.clock()
+            memo[jid] = self.clock()
         return problems
 
     def check_template_secrets(self, spec: JobSpec) -> list[str]:
@@ -166,11 +179,13 @@ class Children:
         it. Read like the annotation's Secret: at most every few minutes while all is well."""
         jid = job_id(spec.namespace, spec.name, spec.uid)
         named = [(at, n) for at, n in template_secrets(spec) if n != naming.secret_name(spec.name)]
-        checked = self._template_secrets_checked.get(jid)
-        if not named or (
-            checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK
-        ):
+        if not named:
             return []
+        return self._rechecked(
+            self._template_secrets_checked, jid, lambda: self._foreign_keys(spec, named)
+        )
+
+    def _foreign_keys(self, spec: JobSpec, named: list[tuple[str, str]]) -> list[str]:
         problems = []
         for at, name in named:
             secret = self.kube.get("Secret", spec.namespace, name)
@@ -179,10 +194,6 @@ class Children:
                     f"{at} names Secret {name}, TrainingJob {other}'s SSH key: a job's pods may "
                     "mount no other job's key"
                 )
-        if problems:
-            self._template_secrets_checked.pop(jid, None)
-        else:
-            self._template_secrets_checked[jid] = self.clock()
         return problems
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:

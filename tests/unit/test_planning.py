@@ -598,21 +598,25 @@ def _script_scale_out(
     return spec, joined.status, so, pods
 
 
-def test_a_script_that_may_still_run_is_not_started_again() -> None:
-    """After an operator restart the script marked as started may still run in the launcher:
-    it is not started again until its timeout (which ends it) has passed; then it is."""
+def test_a_script_marked_started_is_never_started_again() -> None:
+    """After an operator restart the script marked as started may still run in the launcher,
+    or have ended unseen: it is never started again; its end is asked of the launcher's
+    record, said to be past its timeout once it is."""
     spec, status, so, pods = _script_scale_out("2026-01-01T12:00:00Z")
     hosts = status["currentWorkers"]
     early = plan_job(
         inp(spec, status, pods, [so], now=NOW + timedelta(seconds=10), published=hosts)
     )
-    assert early.run_scripts == []
+    assert early.run_scripts == [] and [(k, over) for k, _, over in early.check_scripts] == [
+        (so.kind_name, False)
+    ]
     assert early.scaler_status.get(so.kind_name, so.status)["phase"] == "Scaling"
     late = plan_job(inp(spec, status, pods, [so], now=NOW + timedelta(seconds=40), published=hosts))
-    assert [key for key, _, _ in late.run_scripts] == [so.kind_name]
+    assert late.run_scripts == [] and [over for _, _, over in late.check_scripts] == [True]
     spec, status, so, pods = _script_scale_out(None)
     fresh = plan_job(inp(spec, status, pods, [so], published=status["currentWorkers"]))
-    assert [key for key, _, _ in fresh.run_scripts] == [so.kind_name]
+    assert [key for key, *_ in fresh.run_scripts] == [so.kind_name]
+    assert fresh.run_scripts[0][3] == early.check_scripts[0][1]  # one record for the scaler
 
 
 def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:
