@@ -267,7 +267,9 @@ class Kube:
             ended = resp.read_channel(3)  # the kubelet's word on how the command ended
             still = resp.is_open()
             resp.close()
-        except (ApiException, WebSocketException, OSError, ValueError, TypeError) as exc:
+        except ApiException as exc:  # refused before it ran: the status and its reason
+            return -1, f"could not run it: {exc.status} {exc.reason}"
+        except (WebSocketException, OSError, ValueError, TypeError) as exc:
             # TypeError: what the client raises for an argument it cannot send (a NUL byte).
             return -1, f"could not run it: {exc}"
         if still:

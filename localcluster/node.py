@@ -245,9 +245,11 @@ class RealNode:
         store can share them, and a new store needs no import (two minutes and 6 GB for the
         training image, once per node of every cluster slot)."""
         seed, store = self.seed, self.store
-        if seed is None or store is None or self.store_root.exists():
+        if seed is None or store is None or (store / SHARED).exists():
             return
         with _locked(seed.with_name("seed.lock")):
+            # A store filled on its own (before seeds) is dropped for a shared one: it is only
+            # a cache, and no cluster but this node's uses it (its slot is held).
             if (seed / "root").is_dir():
                 _link_copy(seed, store)
 
@@ -421,6 +423,9 @@ def forget_slot_cni_results(slot: int) -> bool:
     return bool(ids)
 
 
+SHARED = "shared"  # in a store made from the seed, or one the seed was made from
+
+
 def _link_copy(src: Path, dst: Path) -> None:
     """`dst` as a copy of the store `src` whose files are hard links, but for what is written
     in place (containerd's databases, our import record): those are copies of their own."""
@@ -437,6 +442,8 @@ def _link_copy(src: Path, dst: Path) -> None:
         own = f.with_name(f.name + ".own")
         shutil.copy2(f, own)
         os.replace(own, f)
+    for store in (src, tmp):
+        (store / SHARED).touch()
     tmp.rename(dst)
 
 

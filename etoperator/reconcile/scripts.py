@@ -151,7 +151,7 @@ class Scripts:
                     code = int(said)
             message = f"script exited {code} on {launcher}"
             if code == -1:  # it never ran: say why
-                why = output.removeprefix("could not run it: ")[-300:]
+                why = output.removeprefix("could not run it: ")[:300]
                 message = f"script did not run on {launcher}: {why}"
             self._report(kind_name, ns, code == 0, message, run)
         except Exception:  # a refused write: the next pass asks the record
