@@ -53,6 +53,9 @@ if [ -d "$CACHE/go" ]; then
 fi
 images=$(hack/build-images.sh "$node_bin" | tail -n 1)
 step "images in $images"
+# buildah keeps each image a rebuild replaced (untagged); the archives hold what nodes run.
+dangling=$(buildah images --filter dangling=true --noheading --format '{{.ID}}')
+[ -z "$dangling" ] || buildah rmi $dangling >/dev/null 2>&1 || true
 
 lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
 venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"

@@ -4,6 +4,7 @@ that order and stopped in the reverse one, with this machine's settings put back
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,20 @@ def node_binaries() -> Path:
 def image_archives(node_bin: Path) -> list[Path]:
     """The docker-archives of the pause, training and operator images (built if missing)."""
     out = procs.built(BUILD_IMAGES, str(node_bin))
+    drop_replaced_builds()
     return [Path(line) for line in (out / "current").read_text().split()]
+
+
+def drop_replaced_builds() -> None:
+    """buildah keeps the image each rebuild of the operator's image replaced (untagged, about
+    200 MB of its own each); the archives hold what the nodes run. Those go; the layer cache
+    of the builds stays (what it no longer serves goes at a later call)."""
+    found = subprocess.run(
+        ["buildah", "images", "--filter", "dangling=true", "--noheading", "--format", "{{.ID}}"],
+        capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    if found:
+        subprocess.run(["buildah", "rmi", *found], capture_output=True)
 
 
 @dataclass
