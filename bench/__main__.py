@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -1027,13 +1027,23 @@ def ha(tmp: Path, rounds: int = 3) -> list[Row]:
 
 
 def hand_over(c: Chain, stop: Callable[[str], object]) -> float:
-    """Seconds from stopping the leader's pod (by `stop`) to another pod holding the Lease."""
+    """Seconds from stopping the leader's pod (by `stop`) to a live replica renewing the Lease
+    (a killed container comes back in the same pod, with the same identity: it may win)."""
     leader = wait_for(lambda: c.operator.leader(), 60, "a leader")
     wait_for(lambda: [p for p in operator_pods_ready(c) if p != leader], 120, "a standby ready")
-    t0 = time.monotonic()
+    t0, stopped = time.monotonic(), datetime.now(UTC)
     stop(leader)
-    wait_for(lambda: c.operator.leader() not in ("", leader), 60, "a new leader", 0.05)
+    wait_for(lambda: renewed_after(c, stopped), 60, "the Lease renewed", 0.05)
     return time.monotonic() - t0
+
+
+def renewed_after(c: Chain, when: datetime) -> bool:
+    lease = c.api.get("Lease", "etoperator-system", "etoperator") or {}
+    spec = lease.get("spec") or {}
+    renewed = spec.get("renewTime")
+    if not spec.get("holderIdentity") or not renewed:
+        return False
+    return datetime.fromisoformat(str(renewed).replace("Z", "+00:00")) > when
 
 
 def operator_pods_ready(c: Chain) -> list[str]:
