@@ -34,6 +34,7 @@ def plan_pass(d: Draft) -> Plan:
         d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
         d.status.phase = None
         d.status.completion_time = None
+    drop_foreign_names(d)
     d.status.worker_selector = naming.worker_selector(job_spec.name)
     if inp.public_key:
         d.status.ssh_public_key = inp.public_key
@@ -143,3 +144,17 @@ def complete_plan(d: Draft) -> Plan:
     if d.pending or d.plan.create_workers or d.plan.delete_pods:
         d.plan.requeue = min(d.plan.requeue, 1.0)
     return d.plan
+
+
+def drop_foreign_names(d: Draft) -> None:
+    """Names in targetWorkers and currentWorkers that are no worker of this job (a status
+    written by someone with the rights to) are dropped and said: a ScaleOut counted them."""
+    job = d.spec.name
+    named = [*d.status.members, *d.status.hosts]
+    foreign = sorted({n for n in named if naming.worker_index(job, n) is None})
+    if not foreign:
+        return
+    d.status.target_workers = [n for n in d.status.members if n not in foreign]
+    d.status.current_workers = [n for n in d.status.hosts if n not in foreign]
+    message = f"the status named {', '.join(foreign)}, not workers of this job: dropped"
+    d.plan.events.append(Event("Warning", "StatusRepaired", message))

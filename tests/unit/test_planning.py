@@ -671,3 +671,22 @@ def test_a_finished_scaler_no_longer_says_it_is_scaling() -> None:
     failed = plan_job(inp(spec, first.status, [w(0), w(1), launcher()], [so2], now=late))
     conds = {c["type"]: c for c in failed.scaler_status[so.kind_name]["conditions"]}
     assert conds["ScaleFailed"]["status"] == "True" and conds["Scaling"]["status"] == "False"
+
+
+def test_names_in_the_status_that_are_not_this_jobs_workers_are_dropped_and_said() -> None:
+    """Someone with status-write rights named another job's pod in targetWorkers: it was kept
+    (after a ScaleOut spec.replicas was 4 with 3 workers). It is dropped, with a Warning."""
+    spec = jspec(maxReplicas=4)
+    forged = running_status([0, 1])
+    forged["targetWorkers"] = ["j-worker-0", "j-worker-1", "other-worker-0"]
+    forged["currentWorkers"] = ["j-worker-0", "other-worker-0", "j-worker-1"]
+    plan = plan_job(inp(spec, forged, [w(0), w(1), launcher()]))
+    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
+    assert plan.status["currentWorkers"] == ["j-worker-0", "j-worker-1"]
+    assert plan.hosts == ["j-worker-0", "j-worker-1"]
+    (said,) = [e for e in plan.events if e.reason == "StatusRepaired"]
+    assert said.type == "Warning" and "other-worker-0" in said.message
+    assert plan.spec_replicas is None  # nothing to follow: two workers, as asked
+    so = scaler(scaleout("grow", "j", 1))
+    grown = plan_job(inp(spec, forged, [w(0), w(1), launcher()], [so]))
+    assert grown.status["targetWorkers"] == ["j-worker-0", "j-worker-1", "j-worker-2"]
