@@ -154,10 +154,12 @@ def probes_wanted(
     - "ready": a new one (not yet a host): does its sshd take the job's key, and does its name
       resolve to it?
     - "horovod": a ScaleOut's workers once published, and the first host that was there before
-      them: does Horovod run here, and to whom is it connected?"""
+      them: does Horovod run here, and to whom is it connected? Over SSH only: through
+      pods/exec (no network path to pods) every pass of a joining scale would pay an exec
+      per worker; there the scale succeeds once published, as before."""
     kind, pods = scale
     victims = set(pods) if kind == naming.SCALEIN_KIND else set()
-    joining = set(pods) & published if kind == naming.SCALEOUT_KIND else set()
+    joining = set(pods) & published if kind == naming.SCALEOUT_KIND and can_probe else set()
     wanted = {}
     for v in views:
         if v.role != naming.ROLE_WORKER or v.phase != "Running" or v.deleting:

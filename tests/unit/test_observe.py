@@ -69,6 +69,8 @@ def test_probes_ask_a_scale_outs_published_workers_and_one_older_host_about_horo
         "j-worker-10": "horovod",
         "j-worker-11": "horovod",
     }
+    # Without SSH (no network path to pods) nothing is asked: pods/exec each pass would cost.
+    assert probes_wanted(views, published, published, scale_out, False) == {}
 
 
 def test_settle_gates_new_workers_on_their_answer() -> None:
