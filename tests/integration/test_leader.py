@@ -76,16 +76,25 @@ class Holders:
         return [h for i, h in enumerate(self.seen) if i == 0 or h != self.seen[i - 1]]
 
 
+def mid_scale(
+    cluster: Cluster, ns: str, replicas: dict[str, OperatorProcess], name: str, timeout: int
+) -> tuple[str, str]:
+    """(leader, standby), once job `name` runs and its ScaleOut "grow" has frozen its plan, its
+    new worker held Pending (the nodes cordoned)."""
+    leader = wait_for(lambda: holder(cluster), 20, "a leader")
+    (standby,) = [r for r in replicas if r != leader]
+    cluster.create(job(name, replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, name)
+    cluster.hold()
+    cluster.create(scaleout("grow", name, 1, timeout=timeout), ns)
+    wait_for(lambda: cluster.status(ns, "grow", "ScaleOut").get("addPods"), 10, "plan frozen")
+    return leader, standby
+
+
 def test_the_standby_takes_over_a_scale_when_the_leader_dies(
     cluster: Cluster, ns: str, replicas: dict[str, OperatorProcess]
 ) -> None:
-    leader = wait_for(lambda: holder(cluster), 20, "a leader")
-    (standby,) = [name for name in replicas if name != leader]
-    cluster.create(job("ha", replicas=2, maxReplicas=4), ns)
-    running(cluster, ns, "ha")
-    cluster.hold()
-    cluster.create(scaleout("grow", "ha", 1, timeout=120), ns)
-    wait_for(lambda: cluster.status(ns, "grow", "ScaleOut").get("addPods"), 10, "plan frozen")
+    leader, standby = mid_scale(cluster, ns, replicas, "ha", timeout=120)
     assert writes_by(cluster, leader), "the leader acted"
     assert writes_by(cluster, standby) == []  # the standby only watched
     replicas[leader].kill()
@@ -127,14 +136,8 @@ def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
 def test_an_apiserver_restart_mid_scale_never_leaves_two_leaders(
     cluster: Cluster, ns: str, replicas: dict[str, OperatorProcess]
 ) -> None:
-    leader = wait_for(lambda: holder(cluster), 20, "a leader")
-    (standby,) = [name for name in replicas if name != leader]
-    cluster.create(job("ar", replicas=2, maxReplicas=4), ns)
-    running(cluster, ns, "ar")
+    leader, standby = mid_scale(cluster, ns, replicas, "ar", timeout=180)
     holders = Holders(cluster)
-    cluster.hold()
-    cluster.create(scaleout("grow", "ar", 1, timeout=180), ns)
-    wait_for(lambda: cluster.status(ns, "grow", "ScaleOut").get("addPods"), 10, "plan frozen")
     cluster.cp.kill_apiserver()
     # The leader cannot renew: it stops before its Lease could expire for the standby.
     wait_for(lambda: not replicas[leader].alive(), 15, "the leader stopping")
