@@ -177,19 +177,22 @@ class Kube:
                 return None
             raise
 
-    def namespace_terminating(self, namespace: str) -> bool:
-        """The namespace is being deleted (or is gone). False when this operator may not read
-        namespaces (an install confined to chosen namespaces): it cannot tell, so it acts."""
+    def namespace_state(self, namespace: str) -> str:
+        """The namespace's state: gone, terminating, live, or unknown when this operator may
+        not read namespaces (an install confined to chosen namespaces)."""
         try:
             ns = self._call("GET", f"/api/v1/namespaces/{namespace}")
         except ApiError as exc:
             if exc.status == 404:
-                return True
+                return "gone"
             if exc.status == 403:
-                return False
+                return "unknown"
             raise
-        return bool(ns["metadata"].get("deletionTimestamp")) or (
-            (ns.get("status") or {}).get("phase") == "Terminating"
+        deleting = ns["metadata"].get("deletionTimestamp")
+        return (
+            "terminating"
+            if deleting or (ns.get("status") or {}).get("phase") == "Terminating"
+            else "live"
         )
 
     def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:

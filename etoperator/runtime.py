@@ -19,6 +19,7 @@ from etoperator import metrics
 from etoperator.cache import JobRef, Observed
 from etoperator.kube import ApiError
 from etoperator.reconcile.job import JobReconciler
+from etoperator.reconcile.state import GONE
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,14 @@ class Runtime:
                         self.reconciler.forget(*ref)
                         return
                     nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
+                if nxt is GONE:
+                    log.info("Forgetting job namespace=%s job=%s: %s", *ref, nxt.why)
+                    self.known.discard(ref)
+                    self.tasks.pop(ref, None)
+                    self.kicks.pop(ref, None)
+                    self.phases.pop(ref, None)
+                    self.reconciler.forget(*ref)
+                    return
                 delay = nxt.seconds
                 log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *ref, delay, nxt.why)
                 failures = 0

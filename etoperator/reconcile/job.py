@@ -41,6 +41,7 @@ from etoperator.reconcile.state import (
     BLOCKED_CLEARING,
     CONFLICT,
     GOING,
+    GONE,
     REFUSED,
     STALE,
     Keys,
@@ -197,8 +198,9 @@ class JobReconciler:
         )
         with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)
-        if self.going_away(namespace, plan):
-            return GOING
+        going = self.going_away(namespace, plan)
+        if going is not None:
+            return going
         try:
             self.act(obs, inp, plan, took)
         except Conflict as exc:
@@ -221,13 +223,15 @@ class JobReconciler:
             return ACCESS_CHECK
         return plan_next(plan)
 
-    def going_away(self, namespace: str, plan: Plan) -> bool:
+    def going_away(self, namespace: str, plan: Plan) -> Next | None:
         """Bad news (a lost worker or launcher, a failure) while the namespace is being deleted
-        is only the namespace's deletion taking the pods first: say nothing, do nothing. Asked
-        only when a pass has a warning to tell, so it costs no request in steady state."""
+        is only the namespace's deletion taking the pods first: say nothing, do nothing; once
+        it is gone, the job's loop ends (a cache may still show the job). Asked only when a
+        pass has a warning to tell, so it costs no request in steady state."""
         if not any(ev.type == "Warning" for ev in plan.events):
-            return False
-        return self.kube.namespace_terminating(namespace)
+            return None
+        state = self.kube.namespace_state(namespace)
+        return GONE if state == "gone" else GOING if state == "terminating" else None
 
     def report_refused(self, obs: Observed, exc: ApiError) -> None:
         """A write the apiserver refused (RBAC, admission, quota, validation): said on the job

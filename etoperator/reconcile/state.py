@@ -42,6 +42,8 @@ REFUSED = Next(10.0, "the apiserver refused a write: try again after a while")
 CONFLICT = Next(0.2, "a write met a newer version: look again")
 BLOCKED_CLEARING = Next(0.5, "nothing blocks the job any more: say so")
 GOING = Next(60.0, "its namespace is being deleted: nothing more to do or to say")
+# Its namespace is gone, the job with it, whatever a cache still shows: its loop ends.
+GONE = Next(0.0, "its namespace is gone")
 
 
 def job_id(namespace: str, name: str, uid: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from etoperator.cache import Observed
 from etoperator.reconcile.job import JobReconciler
-from etoperator.reconcile.state import Next
+from etoperator.reconcile.state import GONE, Next
 from etoperator.runtime import Runtime
 
 REF = ("ns", "job")
@@ -145,3 +145,26 @@ def test_a_burst_of_new_jobs_leaves_threads_for_running_jobs() -> None:
 
     asyncio.run(scenario())
     assert waited["running"] < 0.1, f"a running job waited {waited['running']:.2f} s"
+
+
+def test_a_job_whose_namespace_is_gone_is_forgotten() -> None:
+    """The caches can keep a job whose namespace went (its watch ended before the deletions
+    reached it): each of its passes asked the apiserver for the namespace again, for as long
+    as the operator ran. A pass that finds the namespace gone ends the job's loop."""
+
+    class Gone(Passes):
+        def reconcile(self, obs: Observed) -> Next:
+            self.at.append(time.monotonic())
+            return GONE
+
+    async def scenario() -> tuple[int, bool, bool]:
+        passes = Gone()
+        rt = Runtime(cast(JobReconciler, passes), workers=1, resync=0.05)
+        rt.observe = lambda ns, name: cast(Observed, object())
+        rt.start(REF)
+        await _until(lambda: REF not in rt.tasks)
+        await asyncio.sleep(0.2)  # resyncs that would have come
+        return len(passes.at), REF in rt.known, rt.has(REF)
+
+    count, known, has = asyncio.run(scenario())
+    assert count == 1 and not known and not has
