@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -116,23 +116,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _operate(operator: Coroutine[Any, Any, None]) -> None:
-    """kopf, with SIGTERM taken over once kopf has installed its own handler (SIGINT stays
-    kopf's): the Lease is handed over before kopf winds down (etoperator.handlers.hand_over)."""
+    """kopf, with SIGTERM ours (SIGINT stays kopf's): the Lease is handed over before kopf
+    winds down (etoperator.handlers.hand_over), then kopf's stop flag is raised. kopf adds
+    its own SIGTERM handler as it starts, when it may already be leading; that one is not
+    added (a race to replace it after the fact was lost while start-up held the loop)."""
     import etoperator.handlers
 
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []  # kept while they run
-    task = asyncio.create_task(operator)
-    # kopf's handler is in once SIGTERM has a Python handler (the disposition inherited before
-    # it, default or ignored, is no callable).
-    while not callable(signal.getsignal(signal.SIGTERM)) and not task.done():
-        await asyncio.sleep(0.05)
-    if not task.done():
-        loop.add_signal_handler(
-            signal.SIGTERM,
-            lambda: tasks.append(asyncio.create_task(etoperator.handlers.hand_over())),
-        )
-    await task
+    loop.add_signal_handler(
+        signal.SIGTERM, lambda: tasks.append(asyncio.create_task(etoperator.handlers.hand_over()))
+    )
+    add = loop.add_signal_handler
+
+    def add_unless_sigterm(sig: int, callback: Callable[..., object], *args: Any) -> None:
+        if sig != signal.SIGTERM:
+            add(sig, callback, *args)
+
+    loop.add_signal_handler = add_unless_sigterm  # type: ignore[method-assign,assignment]
+    await operator
 
 
 if __name__ == "__main__":

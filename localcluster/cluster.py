@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -66,6 +67,11 @@ class OperatorProcess:
 
     def stop(self) -> None:
         procs.stop(self.proc)
+
+    def terminate(self) -> None:
+        """SIGTERM, as a pod's deletion sends it; not waited for."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

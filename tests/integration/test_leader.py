@@ -125,9 +125,10 @@ def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
     (standby,) = [name for name in replicas if name != leader]
     wait_for(lambda: "etoperator started" in replicas[standby].tail(), 20, "the standby up")
     stopped = time.monotonic()
-    replicas[leader].stop()  # SIGTERM, as when its pod is deleted
+    replicas[leader].terminate()  # SIGTERM, as when its pod is deleted
     wait_for(lambda: holder(cluster) == standby, 15, "the standby leads", interval=0.05)
     took = time.monotonic() - stopped
+    wait_for(lambda: not replicas[leader].alive(), 30, "the old leader gone")
     print(f"hand-over on a graceful stop: {took:.2f} s")
     assert "Lease released" in replicas[leader].tail()
     assert took <= 3.0, f"the standby took over {took:.1f} s after the leader was told to stop"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 
 from tests.harness import Cluster, Timeout, wait_for
@@ -267,3 +271,41 @@ def test_workers_start_while_the_launchers_rbac_is_made(cluster: Cluster, ns: st
         cluster.proxy.clear()
     running(cluster, ns, "slowrb")
     assert cluster.api.get("RoleBinding", ns, "slowrb-launcher") is not None
+
+
+def test_an_operator_of_chosen_namespaces_forgets_the_jobs_of_one_deleted(
+    cluster: Cluster,
+) -> None:
+    """Run with -n, a deleted namespace left a loop per vanished job: a GET of the namespace
+    per job per resync for as long as the operator ran (16 a minute seen)."""
+    ns = cluster.new_namespace()
+    extra = ["-n", ns, "--resync", "1"]
+    with cluster.operators_instead(["chosen"], extra) as ours:
+        for name in ("gone0", "gone1"):
+            cluster.create(job(name), ns)
+        for name in ("gone0", "gone1"):
+            running(cluster, ns, name)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+        wait_for(lambda: cluster.api.get("TrainingJob", ns, "gone0") is None, 60, "jobs gone")
+        wait_for(lambda: not namespace_exists(cluster, ns), 60, "the namespace gone")
+        since = datetime.now(UTC)
+        # The window is the scenario: six resyncs of the operator's, each a pass of every job
+        # its caches still hold.
+        end = time.monotonic() + 6
+        wait_for(lambda: time.monotonic() > end, 10, "six resyncs")
+        asked = [
+            ev for ev in cluster.cp.audit()
+            if ev.get("userAgent", "").startswith("etoperator/chosen")
+            and (ev.get("objectRef") or {}).get("resource") == "namespaces"
+            and received(ev) >= since
+        ]  # fmt: skip
+        assert len(asked) <= 2, f"{len(asked)} GETs of the gone namespace in 6 s"
+        assert ours["chosen"].alive()
+
+
+def namespace_exists(cluster: Cluster, ns: str) -> bool:
+    return cluster.kubectl("get", "namespace", ns, check=False).returncode == 0
+
+
+def received(ev: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(str(ev["requestReceivedTimestamp"]).replace("Z", "+00:00"))
