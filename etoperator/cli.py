@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["ETOPERATOR_RESYNC"] = str(args.resync)
     if args.leader_election:
         os.environ["ETOPERATOR_LEADER_ELECTION"] = "1"
+    if args.namespace:
+        os.environ["ETOPERATOR_NAMESPACES"] = ",".join(args.namespace)
     if args.lease_namespace:
         os.environ["ETOPERATOR_LEASE_NAMESPACE"] = args.lease_namespace
     if args.kubeconfig:

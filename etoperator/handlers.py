@@ -60,6 +60,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
     settings.networking.error_backoffs = RETRY_BACKOFFS
+    # Chosen namespaces named exactly: kopf would list every namespace to find them, which an
+    # install confined to them may not do (403, retried for minutes before kopf falls back).
+    settings.scanning.disabled = cfg.exact_namespaces
     # On SIGTERM kopf gives its event queues this long before the cleanup that releases the
     # Lease (2 s by default): our event handlers only wake job loops, nothing to wait for.
     settings.queueing.exit_timeout = 0.2

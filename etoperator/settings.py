@@ -40,6 +40,7 @@ class Settings:
     resync: float
     lease_namespace: str
     identity: str
+    namespaces: tuple[str, ...] = ()  # chosen namespaces (-n); none: all of them
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -66,7 +67,13 @@ class Settings:
             or env.get("POD_NAMESPACE")
             or "etoperator-system",
             identity=own_identity(env),
+            namespaces=tuple(n for n in env.get("ETOPERATOR_NAMESPACES", "").split(",") if n),
         )
+
+    @property
+    def exact_namespaces(self) -> bool:
+        """Chosen namespaces, all named exactly (no pattern): nothing to discover."""
+        return bool(self.namespaces) and not any(set(n) & set("*?[]!") for n in self.namespaces)
 
     def describe(self) -> str:
         return (
