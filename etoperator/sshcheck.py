@@ -155,8 +155,3 @@ class SSHProber:
             log.debug("Horovod check failed: %s", exc)
             return None
         return horovod_state(out) if code == 0 else None
-
-    def horovod_running(self, host: str, key: paramiko.PKey, hostname: str) -> bool | None:
-        """True/False from the worker; None when it cannot be asked."""
-        state = self.horovod(host, key, hostname)
-        return None if state is None else state.busy
