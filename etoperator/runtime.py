@@ -113,7 +113,7 @@ class Runtime:
         self.phases.pop(ref, None)
         self._publish_phases()
         self.reconciler.forget(*ref)
-        if task is not None:
+        if task is not None and task is not asyncio.current_task():  # a loop ending itself
             task.cancel()
 
     def drain(self) -> None:
@@ -148,11 +148,7 @@ class Runtime:
                     nxt = await loop.run_in_executor(self.pool, self.reconciler.reconcile, obs)
                 if nxt is GONE:
                     log.info("Forgetting job namespace=%s job=%s: %s", *ref, nxt.why)
-                    self.known.discard(ref)
-                    self.tasks.pop(ref, None)
-                    self.kicks.pop(ref, None)
-                    self.phases.pop(ref, None)
-                    self.reconciler.forget(*ref)
+                    self.forget(ref)
                     return
                 delay = nxt.seconds
                 log.debug("Next pass namespace=%s job=%s in=%.2fs why=%s", *ref, delay, nxt.why)
