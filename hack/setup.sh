@@ -39,13 +39,15 @@ mkdir -p /run/sshd
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A >/dev/null
 
 # The Kubernetes binaries (control plane, kubelet, kube-proxy, kubemark, kubectl) and etcd; then
-# what a node runs beside them (containerd, runc, CNI, CoreDNS, pause) and the images.
+# what a node runs beside them (containerd, runc, CNI, CoreDNS, pause), Kueue, and the images.
 # Go's caches are kept apart from the user's and removed once the binaries are (7 GB).
 export GOCACHE="$CACHE/go/build" GOMODCACHE="$CACHE/go/mod"
 bin=$(hack/build-controlplane.sh | tail -n 1)
 step "Kubernetes binaries in $bin"
 node_bin=$(hack/build-node.sh | tail -n 1)
 step "node binaries in $node_bin"
+kueue=$(hack/build-kueue.sh | tail -n 1)
+step "Kueue in $kueue"
 if [ -d "$CACHE/go" ]; then
     chmod -R u+w "$CACHE/go"
     rm -rf "$CACHE/go"

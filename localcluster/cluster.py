@@ -21,6 +21,7 @@ from pathlib import Path
 from localcluster import procs
 from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.hollow import HollowNodes
+from localcluster.kueue import Kueue
 from localcluster.network import SLOTS, Network, claim_slot, free_slots
 from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
 from localcluster.nodes import Nodes, wait_ready
@@ -145,10 +146,12 @@ class LocalCluster:
     hollow: int = 0  # hollow nodes (kubemark), with room for `max_pods` pods each
     max_pods: int = 110
     deploy: bool = False  # the operator from deploy/ (real nodes only)
+    kueue: bool = False  # Kueue's manager, CRDs and webhooks (kueue.py)
     progress: Callable[[str], None] = lambda _: None
     cp: ControlPlane | None = None
     real: Nodes | None = None
     hollow_nodes: HollowNodes | None = None
+    queues: Kueue | None = None
     operator: OperatorProcess | None = None
     deployed: DeployedOperator | None = None
     _slot_lock: int | None = None
@@ -199,6 +202,9 @@ class LocalCluster:
             self.hollow_nodes.start(self.cp)
             wait_ready(self.kubectl, self.hollow, timeout=120)
             self.progress(f"{self.hollow} hollow node(s) Ready")
+        if self.kueue:
+            self.queues = Kueue(self.dir / "kueue", self.cp).start()
+            self.progress("Kueue up (its CRDs, webhooks and manager)")
         if operator and self.deploy:
             self.deploy_operator()
         elif operator:
@@ -279,6 +285,8 @@ class LocalCluster:
     def stop(self) -> None:
         if self.operator is not None:
             self.operator.stop()
+        if self.queues is not None:
+            self.queues.stop()
         if self.hollow_nodes is not None:
             self.hollow_nodes.stop()
         if self.real is not None:
