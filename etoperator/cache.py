@@ -45,6 +45,13 @@ def slim(kind: str, body: Mapping[str, Any]) -> Body:
         out["data"] = dict(body.get("data") or {})
     elif kind == "Role":
         out["rules"] = copy.deepcopy(body.get("rules") or [])
+    elif kind == "Workload":  # its pod templates are the job's own: not kept twice
+        spec = body.get("spec") or {}
+        out["spec"] = {k: copy.deepcopy(v) for k, v in spec.items() if k != "podSets"}
+        out["spec"]["podSets"] = [
+            {k: v for k, v in ps.items() if k != "template"} for ps in spec.get("podSets") or []
+        ]
+        out["status"] = copy.deepcopy(dict(body.get("status") or {}))
     elif kind not in ("Service", "ServiceAccount", "RoleBinding"):
         out["spec"] = copy.deepcopy(dict(body.get("spec") or {}))
         out["status"] = copy.deepcopy(dict(body.get("status") or {}))
@@ -69,6 +76,7 @@ class Observed:
     secret: Body | None = None  # the job's own SSH Secret
     present: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) of other children
     role: Body | None = None  # the launcher's Role
+    workloads: list[Body] = field(default_factory=list)  # Kueue's, made for this job
 
 
 @dataclass
@@ -105,6 +113,7 @@ class Indexes:
             secret=_named(by_kind.get("Secret", []), secret_name),
             present={(c["kind"], c["metadata"]["name"]) for c in children},
             role=_named(by_kind.get("Role", []), naming.launcher_sa_name(name)),
+            workloads=by_kind.get("Workload", []),
         )
 
 

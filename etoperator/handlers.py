@@ -56,6 +56,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         settings.watching.label_selectors["", "v1", plural] = ours
     for plural in ("roles", "rolebindings"):
         settings.watching.label_selectors[RBAC_GROUP, "v1", plural] = ours
+    settings.watching.label_selectors[naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads"] = ours
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
@@ -192,6 +193,11 @@ def _child_index(kind: str) -> Any:
 
 for _group, _plural, _kind in CHILDREN:
     kopf.index(_group, "v1", _plural, labels=OURS, id=f"{_plural}_index")(_child_index(_kind))
+# Kueue's Workloads of queued jobs: watched only where Kueue's API is served (kopf starts the
+# watch when the CRD appears).
+kopf.index(
+    naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads", labels=OURS, id="workloads_index"
+)(_child_index(naming.WORKLOAD_KIND))
 
 
 def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
@@ -199,7 +205,8 @@ def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
     if rt.observe is None:
         rt.observe = cache.Indexes(
             jobs=indexes["jobs_index"],
-            children=[indexes[f"{plural}_index"] for _, plural, _ in CHILDREN],
+            children=[indexes[f"{plural}_index"] for _, plural, _ in CHILDREN]
+            + [indexes["workloads_index"]],
             scalers=[indexes["scaleouts_index"], indexes["scaleins_index"]],
         ).observe
 
@@ -220,10 +227,14 @@ async def job_event(
 
 @kopf.on.event("", "v1", "pods", labels={naming.LABEL_GROUP: naming.GROUP})
 @kopf.on.event("", "v1", "configmaps", labels={naming.LABEL_GROUP: naming.GROUP})
+@kopf.on.event(
+    naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads", labels={naming.LABEL_GROUP: naming.GROUP}
+)
 async def child_event(
     labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A pod or the host-list ConfigMap of a job changed or went: its job looks again."""
+    """A pod, the host-list ConfigMap or the Workload of a job changed or went: its job looks
+    again (an admission, an eviction)."""
     job = labels.get(naming.LABEL_JOB)
     if job:
         runtime(memo).kick((namespace or "", job))

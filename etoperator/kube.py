@@ -37,6 +37,15 @@ RESOURCES: dict[str, tuple[str, str]] = {
     naming.JOB_KIND: (f"apis/{naming.API_VERSION}", naming.JOB_PLURAL),
     naming.SCALEOUT_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEOUT_PLURAL),
     naming.SCALEIN_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEIN_PLURAL),
+    naming.WORKLOAD_KIND: (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "workloads"),
+}
+# Cluster-scoped kinds read by name: kind -> (path prefix, plural).
+CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
+    "ResourceFlavor": (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "resourceflavors"),
+    "WorkloadPriorityClass": (
+        f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}",
+        "workloadpriorityclasses",
+    ),
 }
 
 
@@ -175,6 +184,27 @@ class Kube:
         except ApiError as exc:
             if exc.status == 404:
                 return None
+            raise
+
+    def get_cluster(self, kind: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped object by name (None: not found)."""
+        prefix, plural = CLUSTER_RESOURCES[kind]
+        try:
+            return dict(self._call("GET", f"/{prefix}/{plural}/{name}"))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def serves(self, group_version: str) -> bool:
+        """Whether the apiserver serves an API group version (discovery, open to every
+        authenticated user)."""
+        try:
+            self._call("GET", f"/apis/{group_version}")
+            return True
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
             raise
 
     def namespace_state(self, namespace: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,14 @@ ROLE_LAUNCHER = "launcher"
 # Annotations read from a TrainingJob.
 ANN_SUSPENDED = "job-supervisor.kube-ai.io/job-suspended"
 ANN_SSH_SECRET = "arena.kubeflow.org/ssh-secret"
+# Kueue: a job with this label waits for its queue's admission; its Workload carries the job's
+# uid under KUEUE_JOB_UID. The priority label names a WorkloadPriorityClass.
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+WORKLOAD_KIND = "Workload"
 # Our own prefix, for kopf's bookkeeping and for marks on children.
 ANN_PREFIX = "etoperator.kai.alibabacloud.com"
 # The run (restartCount) a launcher was created for.
@@ -123,6 +132,13 @@ def config_map_name(job: str) -> str:
 
 def secret_name(job: str) -> str:
     return job
+
+
+def workload_name(job: str, uid: str) -> str:
+    """The job's Kueue Workload: `trainingjob-<job>-<5 hex of the uid>`, as Kueue's own
+    integrations name theirs (another job of the same name later gets another Workload)."""
+    digest = hashlib.sha256(uid.encode()).hexdigest()[:5]
+    return f"trainingjob-{job}-{digest}"
 
 
 def launcher_sa_name(job: str) -> str:

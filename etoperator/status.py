@@ -14,6 +14,7 @@ SCALING = "Scaling"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
+QUEUED = "Queued"  # waiting for Kueue to admit it (again)
 TERMINAL = (SUCCEEDED, FAILED)
 
 # Scaler phases.

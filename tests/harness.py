@@ -54,11 +54,14 @@ def wait_for(
         time.sleep(interval)
 
 
-def start_cluster(tmp: Path, nodes: int, extra: list[str] | None = None) -> Cluster:
-    """The real control plane, real nodes, and the operator as a process of this machine under
-    its deploy/ RBAC, reaching the apiserver through a fault proxy (tests/faultproxy.py) and
-    the pods over the nodes' network, as it would from inside the cluster."""
-    local = LocalCluster(tmp, nodes=nodes, operator_args=list(extra or []))
+def start_cluster(
+    tmp: Path, nodes: int, extra: list[str] | None = None, kueue: bool = False
+) -> Cluster:
+    """The real control plane, real nodes (and Kueue), and the operator as a process of this
+    machine under its deploy/ RBAC, reaching the apiserver through a fault proxy
+    (tests/faultproxy.py) and the pods over the nodes' network, as it would from inside the
+    cluster."""
+    local = LocalCluster(tmp, nodes=nodes, operator_args=list(extra or []), kueue=kueue)
     try:
         local.start(operator=False)
         assert local.cp is not None

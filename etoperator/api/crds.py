@@ -141,6 +141,11 @@ def trainingjob_schema() -> Schema:
             "restartPolicy": f.JOB_RESTART.schema(),
             "backoffLimit": f.BACKOFF.schema(),
             "launcherAttachMode": f.ATTACH.schema(),
+            "suspend": {
+                "type": "boolean",
+                "description": "true: no pods (all deleted); false again: a fresh run. A job "
+                "queued by Kueue is started by its admission, not by this field.",
+            },
         },
     }
     return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}

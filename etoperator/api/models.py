@@ -158,9 +158,11 @@ class JobSpec:
     clean_pod_policy: str
     restart_policy: str
     backoff_limit: int
-    suspended: bool
+    suspended: bool  # spec.suspend, or the Go operator's annotation
     ssh_secret: str | None
     annotations: dict[str, str] = field(default_factory=dict)
+    queue: str | None = None  # the Kueue LocalQueue that admits it (kueue.x-k8s.io/queue-name)
+    priority_class: str | None = None  # its WorkloadPriorityClass in that queue
 
 
 def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> JobSpec:
@@ -183,6 +185,7 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
     ssh_secret = annotations.get(naming.ANN_SSH_SECRET) or None
     if ssh_secret is not None and not naming.is_dns1123_subdomain(ssh_secret):
         raise InvalidSpec(f"annotation {naming.ANN_SSH_SECRET} names no valid Secret")
+    queue, priority = _kueue_labels(meta.get("labels") or {})
     return JobSpec(
         name=name,
         namespace=meta.get("namespace", "default"),
@@ -193,10 +196,30 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         clean_pod_policy=f.CLEAN_POD.parse(spec.get("cleanPodPolicy")),
         restart_policy=f.JOB_RESTART.parse(spec.get("restartPolicy")),
         backoff_limit=f.BACKOFF.parse(spec.get("backoffLimit")) or 0,
-        suspended=annotations.get(naming.ANN_SUSPENDED, "").lower() == "true",
+        suspended=_suspend(spec.get("suspend"))
+        or annotations.get(naming.ANN_SUSPENDED, "").lower() == "true",
         ssh_secret=ssh_secret,
         annotations=annotations,
+        queue=queue,
+        priority_class=priority,
     )
+
+
+def _suspend(value: Any) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidSpec(f"spec.suspend must be true or false, got {value!r}")
+    return bool(value)
+
+
+def _kueue_labels(labels: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The LocalQueue and WorkloadPriorityClass named by Kueue's labels (each a valid name)."""
+    out: list[str | None] = []
+    for key in (naming.LABEL_QUEUE, naming.LABEL_KUEUE_PRIORITY):
+        value = labels.get(key)
+        if value is not None and not naming.is_dns1123_subdomain(str(value)):
+            raise InvalidSpec(f"label {key} must name a {key.split('/')[1]}, got {value!r}")
+        out.append(str(value) if value else None)
+    return out[0], out[1]
 
 
 def _worker(worker: dict[str, Any], max_workers: int) -> WorkerSpec:

@@ -28,6 +28,26 @@ class Owner:
         }
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a pod set's pods may run, as a queue's admission says (its flavors' node labels
+    and tolerations)."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+
+    def apply(self, spec: dict[str, Any]) -> None:
+        """Merged into a pod spec: the flavors' labels win over the template's own."""
+        if self.node_selector:
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **dict(self.node_selector)}
+        if self.tolerations:
+            own = list(spec.get("tolerations") or [])
+            spec["tolerations"] = own + [t for t in self.tolerations if t not in own]
+
+
+ANYWHERE = Placement()  # no queue's admission says where pods go
+
+
 def metadata(
     name: str,
     namespace: str,

@@ -10,7 +10,7 @@ from typing import Any
 from etoperator import naming
 from etoperator.api.models import JobSpec
 from etoperator.builders import ssh
-from etoperator.builders.common import Owner, metadata
+from etoperator.builders.common import ANYWHERE, Owner, Placement, metadata
 
 SSH_VOLUME = naming.SSH_VOLUME
 CONFIG_VOLUME = naming.CONFIG_VOLUME
@@ -82,12 +82,10 @@ def _pod(
     spec: dict[str, Any],
 ) -> dict[str, Any]:
     tmeta = template.get("metadata") or {}
+    # A pod is admitted with its job: Kueue must never queue it on its own.
+    own = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != naming.LABEL_QUEUE}
     meta = metadata(
-        name,
-        job_spec.namespace,
-        owner,
-        {**(tmeta.get("labels") or {}), **labels},
-        dict(tmeta.get("annotations") or {}),
+        name, job_spec.namespace, owner, {**own, **labels}, dict(tmeta.get("annotations") or {})
     )
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
@@ -121,7 +119,12 @@ def drain_hook(hostname: str) -> dict[str, Any]:
 
 
 def worker_pod(
-    job_spec: JobSpec, owner: Owner, index: int, secret: str, secret_keys: frozenset[str]
+    job_spec: JobSpec,
+    owner: Owner,
+    index: int,
+    secret: str,
+    secret_keys: frozenset[str],
+    placement: Placement = ANYWHERE,
 ) -> dict[str, Any]:
     name = naming.worker_name(job_spec.name, index)
     spec = _with_volumes(
@@ -136,6 +139,7 @@ def worker_pod(
     lifecycle = first.setdefault("lifecycle", {})
     lifecycle.setdefault("preStop", drain_hook(name))  # a hook of the template's own stays
     spec.setdefault("hostname", name)
+    placement.apply(spec)
     return _pod(
         name,
         job_spec,
@@ -147,7 +151,12 @@ def worker_pod(
 
 
 def launcher_pod(
-    job_spec: JobSpec, owner: Owner, secret: str, secret_keys: frozenset[str], run: int
+    job_spec: JobSpec,
+    owner: Owner,
+    secret: str,
+    secret_keys: frozenset[str],
+    run: int,
+    placement: Placement = ANYWHERE,
 ) -> dict[str, Any]:
     """The launcher of run `run` (the job's restartCount): the run is stamped on the pod so a
     launcher left over from an earlier run is never taken for the current one."""
@@ -166,6 +175,7 @@ def launcher_pod(
     ours = {"ETOPERATOR_JOB": job_spec.name, "ETOPERATOR_NAMESPACE": job_spec.namespace}
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
+    placement.apply(spec)
     pod = _pod(
         naming.launcher_name(job_spec.name),
         job_spec,

@@ -123,22 +123,44 @@ class Draft:
         assert self.inp.spec is not None
         return self.inp.spec
 
+    def run_size(self) -> int:
+        """Workers a new run starts with: spec replicas, or as many as Kueue admitted."""
+        q = self.inp.queue
+        if q is not None and q.admitted and not q.evicted:
+            return min(q.admitted_workers, self.spec.worker.replicas)
+        return self.spec.worker.replicas
+
     def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
         job_spec = self.spec
-        start = self.last_index() + 1
+        start, size = self.last_index() + 1, self.run_size()
         self.status.run_start_index = start
         self.status.target_workers = [
-            naming.worker_name(job_spec.name, i)
-            for i in range(start, start + job_spec.worker.replicas)
+            naming.worker_name(job_spec.name, i) for i in range(start, start + size)
         ]
-        self.status.last_worker_index = start + job_spec.worker.replicas - 1
+        self.status.last_worker_index = start + size - 1
         self.status.current_workers = []
         self.accept_replicas(job_spec.worker.replicas)
         self.status.phase = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.status.conditions or [], ctype):
                 self.set_cond(ctype, "False", "NewRun", "a new run is starting")
+
+    def stop_run(self, reason: str, message: str) -> None:
+        """Every pod goes and the run's membership with it; a running scale fails (spec
+        replicas go back to the size before it, for the next run)."""
+        active = self.active_scaler()
+        if active is not None:
+            before = set(self.status.target_workers or []) ^ set(active.planned)
+            self.follow_members(len(before))
+        for pod in self.inp.pods:
+            self.delete(pod.name)
+        self.status.target_workers = []
+        self.status.current_workers = []
+        self.plan.hosts = []
+        if active is not None:
+            self.fail_scaler(active, reason, message)
+        self.status.current_scaler = ""
 
     def follow_members(self, members: int) -> None:
         worker = self.spec.worker

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.planning import queueing
 from etoperator.planning.draft import Draft
-from etoperator.planning.ends import fail_active, wind_down
+from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
 from etoperator.planning.views import JobInput, Plan
 from etoperator.status import Event
@@ -51,8 +52,12 @@ def plan_pass(d: Draft) -> Plan:
         return d.plan  # status only: nothing moves until the job's basics are there
     if phase in st.TERMINAL:
         wind_down(d)
+        queueing.finished(d)
     elif job_spec.suspended:
         suspend(d)
+        queueing.suspended(d)
+    elif queueing.hold_for_queue(d):
+        pass
     elif phase == st.SUSPENDED:
         d.start_fresh_run()
         d.set_cond(st.SUSPENDED, "False", "Resumed", "job resumed")
@@ -60,6 +65,10 @@ def plan_pass(d: Draft) -> Plan:
         advance_run(d)
     else:
         advance_run(d)
+    if d.status.phase in st.TERMINAL and phase not in st.TERMINAL:
+        queueing.finished(d)  # ended this pass
+    else:
+        queueing.settle(d)
     return complete_plan(d)
 
 
@@ -94,18 +103,8 @@ def adopt_scalers(d: Draft) -> None:
 
 
 def suspend(d: Draft) -> None:
-    active = d.active_scaler()
-    if active is not None:  # the size before it, for the resume (it showed its target)
-        before = set(d.status.target_workers or []) ^ set(active.planned)
-        d.follow_members(len(before))
-    for pod in d.inp.pods:
-        d.delete(pod.name)
-    d.status.target_workers = []
-    d.status.current_workers = []
-    d.plan.hosts = []
+    d.stop_run("JobSuspended", "the job was suspended")
     d.status.phase = st.SUSPENDED
-    fail_active(d, "JobSuspended", "the job was suspended")
-    d.status.current_scaler = ""
     d.set_cond(st.SUSPENDED, "True", "Suspended", "job suspended: all pods deleted")
 
 
@@ -114,7 +113,8 @@ def complete_plan(d: Draft) -> Plan:
     if job is not None:
         members = set(d.status.target_workers or [])
         wanted = {naming.worker_index(job.name, m) for m in members}
-        d.plan.create_workers = sorted(set(d.plan.create_workers) & wanted)
+        held = {naming.worker_index(job.name, m) for m in queueing.held_by_quota(d)}
+        d.plan.create_workers = sorted(set(d.plan.create_workers) & wanted - held)
         keep = {
             p.name
             for p in d.workers.values()

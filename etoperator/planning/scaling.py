@@ -9,6 +9,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.statuses import ScaleOutStatus, scaler_status
 from etoperator.clock import parse_iso
+from etoperator.planning import queueing
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
 from etoperator.planning.views import ScalerView
@@ -35,6 +36,9 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
         removed = f"; removed {', '.join(ours)}" if ours else ""
         why = f"pod {', '.join(taken)} exists and is not this job's"
         return fail_scale_out(d, sc, m, ours, why, f"{why}; nothing added{removed}")
+    quota = queueing.quota_to_grow(d, sc)
+    if quota is not None:
+        return wait_for_quota(d, sc, m, quota)
     missing = [n for n in new if not (d.workers.get(n) and d.workers[n].ready)]
     # The timeout bounds the joining only: once they are in, a script that runs on is
     # reported when it ends (bounded by the same timeout), never a rollback.
@@ -68,6 +72,26 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
     if ensure_script_ran(d, sc, new):
         trains = ": Horovod trains on them" if horovod else " to the host list"
         finish_scale(d, sc, f"added {', '.join(new)}{trains}")
+    return m
+
+
+def wait_for_quota(d: Draft, sc: ScalerView, m: Members, waiting: str) -> Members:
+    """A queued job grows only once Kueue admits its new size: until then no new worker is
+    made; at the timeout the scale is rolled back (and the slice it asked for removed). Woken
+    by the Workload's watch events, and at the timeout."""
+    assert sc.spec is not None
+    if timed_out(d, sc):
+        failed = f"not admitted within {sc.spec.timeout}s: {waiting}"
+        return fail_scale_out(d, sc, m, [], failed, f"{failed}; nothing added")
+    d.set_scaler_cond(
+        sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "WaitingForQuota",
+        f"{waiting} (up to the {sc.spec.timeout}s timeout)",
+    )  # fmt: skip
+    started = parse_iso(sc.typed.start_time)
+    if started is not None:
+        left = started + timedelta(seconds=sc.spec.timeout) - d.inp.now
+        d.plan.requeue = min(d.plan.requeue, max(left.total_seconds(), 0.1))
+    d.await_pods("a ScaleOut waits for its queue's quota")
     return m
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from etoperator.api.models import JobSpec, ScalerSpec
 from etoperator.api.statuses import ScaleOutStatus, ScalerStatus, scaler_status
+from etoperator.builders.common import Placement
 from etoperator.status import Event
 
 
@@ -73,6 +74,34 @@ class ScalerView:
 
 
 @dataclass(frozen=True)
+class QueueView:
+    """The job's Kueue Workloads as the planner sees them (reconcile/queues.py reads them):
+    the current one (the oldest not finished; else the last finished), and a slice that would
+    replace it to grow the job."""
+
+    queue: str  # the LocalQueue
+    served: bool = True  # Kueue's API is there
+    workload: str = ""  # the current Workload's name; "" when none is made yet
+    workers: int = 0  # the worker count it asks for
+    active: bool = True  # spec.active
+    reserved: bool = False  # QuotaReserved: it holds quota (status.admission is set)
+    admitted: bool = False
+    admitted_workers: int = 0  # the worker count admitted
+    cluster_queue: str = ""
+    evicted: str = ""  # "<reason>: <message>" of Evicted, while True
+    evicted_reason: str = ""
+    finished: str = ""  # "<reason>: <message>" of Finished, when True
+    pods_ready: bool = False  # PodsReady is True
+    why: str = ""  # Kueue's words on why it waits (QuotaReserved's message)
+    placement: dict[str, Placement] = field(default_factory=dict)  # by pod set, once admitted
+    growing: str = ""  # a slice replacing the current Workload, not finished
+    growing_workers: int = 0
+    growing_admitted: bool = False
+    growing_why: str = ""
+    strays: tuple[str, ...] = ()  # other unfinished Workloads of the job (none should be)
+
+
+@dataclass(frozen=True)
 class JobInput:
     name: str
     namespace: str
@@ -90,6 +119,7 @@ class JobInput:
     hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
     launcher_access: bool = True  # the launcher's account, Role and binding are there
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
+    queue: QueueView | None = None  # labelled for Kueue: its Workload
 
 
 @dataclass
@@ -116,3 +146,15 @@ class Plan:
     # (scaler, record, over): scripts marked started that this pass did not see end: ask the
     # launcher's record (`over`: past its timeout, so a run not recorded will never end).
     check_scripts: list[tuple[tuple[str, str], str, bool]] = field(default_factory=list)
+    # Kueue (queueing.py), written after the pods are acted on: the Workload to make (its
+    # worker count), a slice to grow it (name, workers), Workloads to delete, the current one's
+    # new worker count and spec.active, conditions to set on it, and whether its admission is
+    # given back (after an eviction, once no pod is left).
+    make_workload: int | None = None
+    make_slice: tuple[str, int] | None = None
+    delete_workloads: list[str] = field(default_factory=list)
+    resize_workload: int | None = None
+    activate_workload: bool | None = None
+    workload_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
+    release_admission: str = ""  # the eviction's reason, when given back
+    placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates

@@ -16,7 +16,8 @@ from etoperator import status as st
 from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, scalers, ssh
-from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
+from etoperator.builders.workload import LAUNCHER_SET, WORKER_SET
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
@@ -304,7 +305,7 @@ class Children:
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
         workers = [
-            pods.worker_pod(spec, owner, i, secret, keys)
+            pods.worker_pod(spec, owner, i, secret, keys, plan.placement.get(WORKER_SET, ANYWHERE))
             for i in plan.create_workers
             if ("Pod", naming.worker_name(name, i)) not in unseen
         ]
@@ -315,9 +316,9 @@ class Children:
         in_the_way = found[len(services) :]
         squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
         if plan.create_launcher and ("Pod", naming.launcher_name(name)) not in unseen:
-            launcher = pods.launcher_pod(
-                spec, owner, secret, keys, JobStatus.from_dict(plan.status).restart_count or 0
-            )
+            run = JobStatus.from_dict(plan.status).restart_count or 0
+            where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
+            launcher = pods.launcher_pod(spec, owner, secret, keys, run, where)
             problems += self.create_child(obs, launcher)
         for wanted in plan.create_scalers:
             problems += self.create_replicas_scaler(obs, spec, owner, wanted)

@@ -36,6 +36,7 @@ from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.observe import Observer, scaler_view
+from etoperator.reconcile.queues import Queues
 from etoperator.reconcile.scripts import Scripts
 from etoperator.reconcile.state import (
     BLOCKED_CLEARING,
@@ -89,6 +90,7 @@ class JobReconciler:
     keys: Keys
     pool: concurrent.futures.ThreadPoolExecutor  # independent writes made at once
     recorder: Recorder  # a pass's events, posted off the pass
+    queues: Queues  # Kueue's Workloads of queued jobs
     clock: Callable[[], datetime] = utcnow
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
@@ -119,7 +121,9 @@ class JobReconciler:
         recorder = Recorder(
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
-        return cls(kube, observer, children, scripts, writes, keys, pool, recorder, clock)
+        return cls(
+            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube), clock
+        )
 
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems, scripts, writes)."""
@@ -195,6 +199,7 @@ class JobReconciler:
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
+            queue=self.queues.view(obs, obs.spec) if obs.spec is not None else None,
         )
         with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)
@@ -284,7 +289,9 @@ class JobReconciler:
             return
         with metrics.pass_step(took, "children"):
             jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
-            self._acted[jid] = self.children.act(obs, inp.spec, plan)
+            acted = self.children.act(obs, inp.spec, plan)
+            acted.problems += self.queues.act(obs, inp.spec, plan)
+            self._acted[jid] = acted
             self.scripts.run(obs, plan)
 
     def write_plan(self, obs: Observed, inp: JobInput, plan: Plan) -> None:

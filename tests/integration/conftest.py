@@ -10,13 +10,15 @@ from tests.harness import Cluster, start_cluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Two real nodes (one test needs a pod on a node of its own) and the operator; gone
+    """Two real nodes (one test needs a pod on a node of its own), Kueue, and the operator; gone
     before the full chain starts, which then takes the same slot and image stores."""
     why = real_nodes_missing()
     if why:
         pytest.fail(why)
     # Quiet jobs are looked at every 3 s (not 60): tests see that such passes cost no request.
-    c = start_cluster(tmp_path_factory.mktemp("cluster"), nodes=2, extra=["--resync", "3"])
+    c = start_cluster(
+        tmp_path_factory.mktemp("cluster"), nodes=2, extra=["--resync", "3"], kueue=True
+    )
     try:
         yield c
     finally:

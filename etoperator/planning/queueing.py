@@ -1,0 +1,212 @@
+"""Kueue: a job labelled with a LocalQueue runs only while Kueue admits its Workload, at the
+size admitted. It grows through a slice (a Workload replacing the current one) that Kueue must
+admit before any new worker is made; it gives quota back as soon as it shrinks; evicted, it
+stops, gives its admission back once its pods are gone, and waits to be admitted again.
+The Workload writes are in the plan (views.Plan); reconcile/queues.py makes them."""
+
+from __future__ import annotations
+
+import hashlib
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.planning.draft import Draft
+from etoperator.planning.ends import fail_job
+from etoperator.planning.rules import workers
+from etoperator.planning.views import QueueView, ScalerView
+from etoperator.status import Event
+
+QUEUED = "Queued"  # the job's condition while it waits for Kueue
+KUEUE_API = f"{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}"
+
+
+def hold_for_queue(d: Draft) -> bool:
+    """True when the queue holds the job this pass (no pod of it may run); False: the run
+    goes on, its pods placed as the admission says."""
+    q = d.inp.queue
+    if q is None:
+        return False
+    d.plan.delete_workloads += list(q.strays)
+    if not q.served:
+        why = (
+            f"labelled {naming.LABEL_QUEUE}={q.queue}, but this cluster serves no Kueue API "
+            f"({KUEUE_API}): the job waits, with no pod, until Kueue is installed or the label "
+            "is removed"
+        )
+        return wait(d, "KueueNotInstalled", why, warn=True)
+    if q.finished:
+        fail_job(d, "WorkloadFinished", f"Kueue ended its Workload {q.workload}: {q.finished}")
+        return True
+    if not q.workload:
+        d.plan.make_workload = d.spec.worker.replicas
+        return wait(d, QUEUED, f"queued in {q.queue}: its Workload is being made")
+    if not q.active:
+        d.plan.activate_workload = True  # resumed: back in the queue
+    if q.evicted:
+        return evicted(d, q)
+    if not q.admitted:
+        follow_spec(d, q)
+        return wait(d, QUEUED, f"queued in {q.queue}: {q.why or 'waiting for quota'}")
+    if d.status.phase == st.QUEUED:
+        admit(d, q)
+    d.plan.placement = dict(q.placement)
+    return False
+
+
+def wait(d: Draft, reason: str, message: str, warn: bool = False) -> bool:
+    """No pod runs: the run stops (its running scale fails) and the job waits, saying why
+    (an Event only when the reason changes: Kueue's words on quota change often)."""
+    d.stop_run("JobQueued", f"the job waits for its queue: {message}")
+    if d.observed.phase is None:
+        # Its first pass named the workers of a run that never started: names stay unused.
+        d.status.last_worker_index = (d.status.run_start_index or 0) - 1
+    d.status.phase = st.QUEUED
+    old = st.condition(d.status.conditions or [], QUEUED) or {}
+    news = old.get("status") != "True" or old.get("reason") != reason
+    d.set_cond(QUEUED, "True", reason, message, warn=warn, event=news)
+    return True
+
+
+def evicted(d: Draft, q: QueueView) -> bool:
+    """Evicted (preempted, a node lost, PodsReady not in time, deactivated): stop, and once
+    no pod is left give the admission back, which puts the Workload back in the queue."""
+    wait(d, "Evicted", f"evicted by Kueue ({q.evicted}); waits to be admitted again", warn=True)
+    release(d, q)
+    return True
+
+
+def release(d: Draft, q: QueueView) -> None:
+    if q.reserved and q.evicted and not d.inp.pods:
+        d.plan.release_admission = q.evicted_reason or "Evicted"
+    elif q.reserved and q.evicted:
+        d.come_back("an evicted job's pods are going")
+
+
+def admit(d: Draft, q: QueueView) -> None:
+    """Admitted: a fresh run at the admitted size. Fewer workers than asked (partial
+    admission): spec replicas stay what was asked, and the job grows once Kueue admits the
+    rest (`settle`)."""
+    asked = d.spec.worker.replicas
+    d.start_fresh_run()
+    message = f"admitted by ClusterQueue {q.cluster_queue}: {workers(q.admitted_workers)}"
+    if q.admitted_workers < asked:
+        message += f" of {asked} asked (partial admission: the rest when the queue admits it)"
+    d.set_cond(QUEUED, "False", "Admitted", message, event=False)
+    d.plan.events.append(Event("Normal", "Admitted", message))
+
+
+def follow_spec(d: Draft, q: QueueView) -> None:
+    """`kubectl scale` of a queued job: its Workload asks for the new size."""
+    replicas = d.spec.worker.replicas
+    if replicas != q.workers and not q.reserved:
+        d.plan.resize_workload = replicas
+    d.accept_replicas(replicas)
+
+
+def suspended(d: Draft) -> None:
+    """A suspended job leaves the queue (its Workload inactive), and gives its admission back
+    once Kueue has evicted it and its pods are gone."""
+    q = d.inp.queue
+    if q is None or not q.served or not q.workload or q.finished:
+        return
+    if q.active:
+        d.plan.activate_workload = False
+    release(d, q)
+
+
+def finished(d: Draft) -> None:
+    """The job ended: its Workload is finished (Kueue frees the quota at once), a slice of it
+    removed."""
+    q = d.inp.queue
+    if q is None or not q.served or not q.workload:
+        return
+    if q.growing:
+        d.plan.delete_workloads.append(q.growing)
+    if not q.finished:
+        ok = d.status.phase == st.SUCCEEDED
+        cond = st.condition(d.status.conditions or [], st.SUCCEEDED if ok else st.FAILED) or {}
+        message = str(cond.get("message") or d.status.phase)
+        d.plan.workload_conditions.append(
+            ("Finished", "True", "Succeeded" if ok else "Failed", message)
+        )
+
+
+def slice_name(d: Draft, sc: ScalerView) -> str:
+    """The slice a ScaleOut asks for: one name per scaler (a new one for a new scaler of the
+    same name), so a pass repeated after a crash asks for the same one."""
+    digest = hashlib.sha256(f"{sc.kind}/{sc.name}/{sc.created}".encode()).hexdigest()[:5]
+    return f"{naming.workload_name(d.spec.name, d.spec.uid)}-{digest}"
+
+
+def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
+    """A ScaleOut of a queued job: None once Kueue has admitted the new size; else what it waits
+    for, having asked for the slice that grows the Workload."""
+    q = d.inp.queue
+    if q is None or not q.served:
+        return None
+    wanted = len(d.status.members)
+    if q.admitted_workers >= wanted or (q.growing_admitted and q.growing_workers >= wanted):
+        return None
+    name = slice_name(d, sc)
+    if q.growing != name:
+        if q.growing:
+            d.plan.delete_workloads.append(q.growing)  # a slice no scale waits for
+        d.plan.make_slice = (name, wanted)
+    return f"waiting for queue {q.queue} to admit {workers(wanted)}: {q.growing_why or 'queued'}"
+
+
+def held_by_quota(d: Draft) -> set[str]:
+    """Workers not to create yet: a ScaleOut's (from the pass it starts in), until Kueue
+    admits the job's new size."""
+    q = d.inp.queue
+    ref = naming.parse_scaler_ref(str(d.status.current_scaler or ""))
+    if q is None or ref is None or ref[0] != naming.SCALEOUT_KIND:
+        return set()
+    wanted = len(d.status.members)
+    if q.admitted_workers >= wanted or (q.growing_admitted and q.growing_workers >= wanted):
+        return set()
+    return set(d.status.scaler_pods or [])
+
+
+def settle(d: Draft) -> None:
+    """After a running job's pass, with no scale running: PodsReady once it runs; workers added
+    up to spec replicas as far as Kueue has admitted (after a partial admission), a slice asked
+    for the rest; the Workload's count lowered once the job wants fewer workers than it holds
+    (after a ScaleIn, or a scale rolled back after its slice was admitted): quota back at
+    once. A slice nothing waits for is removed."""
+    q = d.inp.queue
+    if q is None or not q.admitted or d.status.phase not in (st.RUNNING, st.SCALING):
+        return
+    if not q.pods_ready:
+        d.plan.workload_conditions.append(
+            ("PodsReady", "True", "PodsReady", "the launcher runs and its workers are ready")
+        )
+    active = d.active_scaler()
+    wanted_slice = slice_name(d, active) if active is not None else ""
+    if not d.status.current_scaler:
+        # What the job wants after this pass (a scale rolled back gives its size back).
+        wanted = d.status.accepted_replicas or d.spec.worker.replicas
+        size = len(d.status.members)
+        if size < min(wanted, q.admitted_workers):
+            grow(d, min(wanted, q.admitted_workers) - size)
+        elif size < wanted:
+            wanted_slice = f"{naming.workload_name(d.spec.name, d.spec.uid)}-grow-{wanted}"
+            if q.growing != wanted_slice:
+                d.plan.make_slice = (wanted_slice, wanted)
+        elif wanted < q.workers and not q.growing:
+            d.plan.resize_workload = max(wanted, d.spec.worker.min_replicas)
+    if q.growing and q.growing != wanted_slice:
+        d.plan.delete_workloads.append(q.growing)
+
+
+def grow(d: Draft, count: int) -> None:
+    """Kueue admitted more workers than the job runs: they join as replacements do (members
+    first; each enters the host list once ready)."""
+    job = d.spec.name
+    first = d.last_index() + 1
+    names = [naming.worker_name(job, i) for i in range(first, first + count)]
+    d.status.last_worker_index = first + count - 1
+    d.status.target_workers = [*d.status.members, *names]
+    d.plan.create_workers.extend(range(first, first + count))
+    message = f"the queue admitted {workers(count)} more: adding {', '.join(names)}"
+    d.plan.events.append(Event("Normal", "Grown", message))

@@ -1,0 +1,267 @@
+"""Kueue, for jobs labelled with a LocalQueue: what a pass sees of their Workloads (`view`),
+and the Workload writes a plan asks for (`act`). The planner's side is planning/queueing.py.
+
+Kueue's own job integrations are the model (sigs.k8s.io/kueue pkg/controller/jobframework):
+one Workload per job with a controller reference and the job-uid label; a slice (a Workload
+annotated as the replacement of the current one) to grow; the count lowered in place to
+shrink; PodsReady and Finished set by the job's controller; after an eviction, the admission
+cleared once the job's pods are gone, which requeues it. Status writes are merge patches
+preconditioned on the resourceVersion read, as Kueue's own are with WorkloadRequestUseMergePatch:
+a 409 repeats the pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.api.models import JobSpec
+from etoperator.builders import workload as wl
+from etoperator.builders.common import Owner, Placement
+from etoperator.cache import Observed
+from etoperator.clock import iso, utcnow
+from etoperator.kube import JSON_PATCH, AlreadyExists, Kube
+from etoperator.planning.views import Plan, QueueView
+
+log = logging.getLogger(__name__)
+SERVED_TTL = (300.0, 10.0)  # how long "Kueue's API is served" is believed: (yes, no)
+FLAVOR_TTL = 60.0  # a ResourceFlavor's node labels and tolerations, read again after this
+API = f"{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}"
+
+
+def cond(body: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return st.condition((body.get("status") or {}).get("conditions") or [], ctype) or {}
+
+
+def is_true(body: dict[str, Any], ctype: str) -> bool:
+    return cond(body, ctype).get("status") == "True"
+
+
+def worker_count(body: dict[str, Any], where: str = "spec") -> int:
+    """The worker pod set's count asked (spec) or admitted (status.admission)."""
+    if where == "spec":
+        sets = (body.get("spec") or {}).get("podSets") or []
+    else:
+        sets = ((body.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+    for ps in sets:
+        if ps.get("name") == wl.WORKER_SET:
+            return int(ps.get("count") or 0)
+    return 0
+
+
+def said(body: dict[str, Any], ctype: str) -> str:
+    c = cond(body, ctype)
+    return f"{c.get('reason') or ctype}: {c.get('message') or ''}".rstrip(": ")
+
+
+def order(bodies: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(not finished, finished), each oldest first: a slice is made after what it replaces."""
+    ranked = sorted(
+        bodies,
+        key=lambda b: (
+            b["metadata"].get("creationTimestamp", ""),
+            wl.REPLACES in (b["metadata"].get("annotations") or {}),
+            b["metadata"]["name"],
+        ),
+    )
+    done = [b for b in ranked if is_true(b, "Finished")]
+    return [b for b in ranked if not is_true(b, "Finished")], done
+
+
+def replaced(current: dict[str, Any], done: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Workload `current` replaced as a slice, once Kueue finished it for that."""
+    key = (current["metadata"].get("annotations") or {}).get(wl.REPLACES, "")
+    for b in done:
+        if f"{b['metadata']['namespace']}/{b['metadata']['name']}" == key:
+            return b if cond(b, "Finished").get("reason") == "WorkloadSliceReplaced" else None
+    return None
+
+
+@dataclass
+class Queues:
+    kube: Kube
+    _served: tuple[float, bool] | None = None
+    _flavors: dict[str, tuple[float, Placement]] = field(default_factory=dict)
+
+    def served(self) -> bool:
+        now = time.monotonic()
+        if self._served is None or now - self._served[0] > SERVED_TTL[not self._served[1]]:
+            self._served = (now, self.kube.serves(API))
+        return self._served[1]
+
+    def view(self, obs: Observed, spec: JobSpec) -> QueueView | None:
+        """The job's Workloads as the planner sees them; None when it is not queued."""
+        if not spec.queue:
+            return None
+        if not obs.workloads and not self.served():
+            return QueueView(queue=spec.queue, served=False)
+        live, done = order(obs.workloads)
+        current = live[0] if live else (done[-1] if done else None)
+        if current is None:
+            return QueueView(queue=spec.queue)
+        name = current["metadata"]["name"]
+        slices = [
+            b
+            for b in live[1:]
+            if (b["metadata"].get("annotations") or {}).get(wl.REPLACES)
+            == f"{spec.namespace}/{name}"
+        ]
+        growing = slices[0] if slices else None
+        strays = tuple(b["metadata"]["name"] for b in live[1:] if b is not growing)
+        # A slice Kueue has admitted finishes the Workload it replaces; that news may come
+        # first: until the slice's own admission shows, the job runs on the replaced one's.
+        held = replaced(current, done)
+        seen = held if held is not None and not is_true(current, "Admitted") else current
+        admitted = is_true(seen, "Admitted") or held is not None
+        evicted = is_true(current, "Evicted")
+        return QueueView(
+            queue=spec.queue,
+            workload=name,
+            workers=worker_count(current),
+            active=(current.get("spec") or {}).get("active") is not False,
+            reserved=bool((current.get("status") or {}).get("admission")),
+            admitted=admitted,
+            admitted_workers=worker_count(seen, "admission") if admitted else 0,
+            cluster_queue=str(
+                ((seen.get("status") or {}).get("admission") or {}).get("clusterQueue") or ""
+            ),
+            evicted=said(current, "Evicted") if evicted else "",
+            evicted_reason=str(cond(current, "Evicted").get("reason") or "") if evicted else "",
+            finished=said(current, "Finished") if is_true(current, "Finished") else "",
+            pods_ready=is_true(current, "PodsReady"),
+            why=str(cond(current, "QuotaReserved").get("message") or ""),
+            placement=self.placement(seen) if admitted and not evicted else {},
+            growing=growing["metadata"]["name"] if growing else "",
+            growing_workers=worker_count(growing) if growing else 0,
+            growing_admitted=bool(growing and is_true(growing, "Admitted")),
+            growing_why=str(cond(growing, "QuotaReserved").get("message") or "") if growing else "",
+            strays=strays,
+        )
+
+    def placement(self, body: dict[str, Any]) -> dict[str, Placement]:
+        """Each admitted pod set's node labels and tolerations, from its flavors."""
+        out = {}
+        admission = (body.get("status") or {}).get("admission") or {}
+        for psa in admission.get("podSetAssignments") or []:
+            selector: dict[str, str] = {}
+            tolerations: list[dict[str, Any]] = []
+            for flavor in sorted(set((psa.get("flavors") or {}).values())):
+                got = self.flavor(str(flavor))
+                selector.update(dict(got.node_selector))
+                tolerations += [t for t in got.tolerations if t not in tolerations]
+            out[str(psa.get("name"))] = Placement(
+                tuple(sorted(selector.items())), tuple(tolerations)
+            )
+        return out
+
+    def flavor(self, name: str) -> Placement:
+        now = time.monotonic()
+        hit = self._flavors.get(name)
+        if hit is None or now - hit[0] > FLAVOR_TTL:
+            body = self.kube.get_cluster("ResourceFlavor", name) or {}
+            spec = body.get("spec") or {}
+            labels = {str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()}
+            got = Placement(tuple(sorted(labels.items())), tuple(spec.get("tolerations") or []))
+            self._flavors[name] = hit = (now, got)
+        return hit[1]
+
+    def act(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
+        """The plan's Workload writes, in order; what stood in the way, said on the job."""
+        problems: list[str] = []
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        base = naming.workload_name(spec.name, spec.uid)
+        by_name = {b["metadata"]["name"]: b for b in obs.workloads}
+        for name in plan.delete_workloads:  # first: a slice replaced by another goes
+            uid = (by_name.get(name) or {}).get("metadata", {}).get("uid")
+            if self.kube.delete(naming.WORKLOAD_KIND, spec.namespace, name, uid):
+                log.info("Deleted Workload namespace=%s name=%s", spec.namespace, name)
+        if plan.make_workload is not None:
+            problems += self.make(spec, owner, base, plan.make_workload, None)
+        if plan.make_slice is not None:
+            current = next(iter(order(obs.workloads)[0]), None)
+            if current is not None:
+                name, workers = plan.make_slice
+                problems += self.make(spec, owner, name, workers, current["metadata"]["name"])
+        current = next(iter(order(obs.workloads)[0]), None)
+        if current is not None:
+            self.update_current(current, plan)
+        return problems
+
+    def make(
+        self, spec: JobSpec, owner: Owner, name: str, workers: int, replacing: str | None
+    ) -> list[str]:
+        priority = None
+        if spec.priority_class:
+            found = self.kube.get_cluster("WorkloadPriorityClass", spec.priority_class)
+            if found is None:
+                return [
+                    f"WorkloadPriorityClass {spec.priority_class} (label "
+                    f"{naming.LABEL_KUEUE_PRIORITY}) does not exist; the job is not queued"
+                ]
+            priority = wl.Priority(spec.priority_class, int(found.get("value") or 0))
+        body = wl.workload(spec, owner, name, workers, priority, replacing)
+        try:
+            self.kube.create(body)
+        except AlreadyExists:
+            return []  # made by an earlier pass whose answer was lost: the watch brings it
+        log.info(
+            "Created Workload namespace=%s name=%s queue=%s workers=%d",
+            spec.namespace, name, spec.queue, workers,
+        )  # fmt: skip
+        return []
+
+    def update_current(self, body: dict[str, Any], plan: Plan) -> None:
+        """Count and activity (spec), then conditions and the admission (status)."""
+        meta = body["metadata"]
+        ns, name, version = meta["namespace"], meta["name"], meta["resourceVersion"]
+        if plan.resize_workload is not None:
+            index = next(
+                i for i, ps in enumerate(body["spec"]["podSets"]) if ps.get("name") == wl.WORKER_SET
+            )
+            # A count set is the same whatever came between (no precondition: a failed JSON
+            # patch test is a 422, not a conflict to repeat the pass on).
+            patch = [{"op": "replace", "path": f"/spec/podSets/{index}/count",
+                      "value": plan.resize_workload}]  # fmt: skip
+            got = self.kube.patch(naming.WORKLOAD_KIND, ns, name, patch, content_type=JSON_PATCH)
+            version = got["metadata"]["resourceVersion"]
+        if plan.activate_workload is not None:
+            change = {"metadata": {"resourceVersion": version},
+                      "spec": {"active": plan.activate_workload}}  # fmt: skip
+            got = self.kube.patch(naming.WORKLOAD_KIND, ns, name, change)
+            version = got["metadata"]["resourceVersion"]
+        status = self.new_status(body, plan)
+        if status is not None:
+            change = {"metadata": {"resourceVersion": version}, "status": status}
+            self.kube.patch(naming.WORKLOAD_KIND, ns, name, change, sub="status")
+
+    def new_status(self, body: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+        """The status change: conditions set, and for a release the admission cleared, with
+        QuotaReserved and Admitted False and Requeued (True after a preemption or a node's
+        failure, as Kueue's integrations do); None when nothing changes."""
+        conds = list((body.get("status") or {}).get("conditions") or [])
+        now = iso(utcnow())
+        gen = body["metadata"].get("generation")
+        wanted = list(plan.workload_conditions)
+        if plan.release_admission:
+            message = "the job stopped: its pods are gone"
+            requeued = plan.release_admission in ("Preempted", "NodeFailures")
+            wanted += [
+                ("QuotaReserved", "False", "Pending", message),
+                ("Admitted", "False", "NoReservation", "The workload has no reservation"),
+                ("Requeued", "True" if requeued else "False", plan.release_admission, message),
+            ]
+        changed = False
+        for ctype, status, reason, message in wanted:
+            conds, moved = st.set_condition(conds, ctype, status, reason, message, now)
+            changed = changed or moved
+        for c in conds:
+            c.setdefault("observedGeneration", gen)
+        out: dict[str, Any] = {"conditions": conds}
+        if plan.release_admission and (body.get("status") or {}).get("admission"):
+            out["admission"] = None
+            changed = True
+        return out if changed else None

@@ -1,0 +1,229 @@
+"""Shared clusters: jobs queued and admitted by the real Kueue (v0.17.0, its manager, CRDs and
+webhooks on the local cluster), scaled within their quota, evicted and requeued without loss.
+
+Each test has its own ResourceFlavor, ClusterQueue (for its namespace only) and LocalQueue;
+quota is in CPU requests: the launcher and each worker ask for 100m."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any
+
+import pytest
+import yaml
+
+from etoperator import naming
+from tests.harness import Cluster, wait_for
+from tests.support.manifests import job, scalein, scaleout
+
+pytestmark = pytest.mark.integration
+CPU = "100m"  # each pod's request
+KUEUE = "kueue.x-k8s.io/v1beta2"
+
+
+def queued_job(name: str, queue: str = "lq", replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    body = job(name, replicas=replicas, **spec)
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: queue}
+    for role in ("launcher", "worker"):
+        pod = body["spec"]["etReplicaSpecs"][role]["template"]["spec"]
+        pod["containers"][0]["resources"] = {"requests": {"cpu": CPU}}
+    return body
+
+
+def make_queue(
+    cluster: Cluster,
+    ns: str,
+    pods: int,
+    preempt: bool = False,
+    labels: dict[str, str] | None = None,
+) -> str:
+    """A flavor, a ClusterQueue with room for `pods` pods of this namespace, and LocalQueue
+    `lq`; returns the ClusterQueue's name."""
+    cq = f"cq-{ns}"
+    flavor: dict[str, Any] = {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                              "metadata": {"name": f"f-{ns}"}}  # fmt: skip
+    if labels:
+        flavor["spec"] = {"nodeLabels": labels}
+    spec: dict[str, Any] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu"],
+                "flavors": [
+                    {
+                        "name": f"f-{ns}",
+                        "resources": [{"name": "cpu", "nominalQuota": f"{pods * 100}m"}],
+                    }
+                ],
+            }
+        ],
+    }
+    if preempt:
+        spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    docs = [
+        flavor,
+        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": spec},
+        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+         "spec": {"clusterQueue": cq}},
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return cq
+
+
+def workloads(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def live_workloads(cluster: Cluster, ns: str, job_name: str) -> list[dict[str, Any]]:
+    """The job's Workloads not finished."""
+    return [
+        w
+        for w in workloads(cluster, ns)
+        if (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) == job_name
+        and not any(
+            c["type"] == "Finished" and c["status"] == "True"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+    ]
+
+
+def admitted_workers(cluster: Cluster, ns: str, job_name: str) -> int:
+    total = 0
+    for w in live_workloads(cluster, ns, job_name):
+        for psa in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
+            if psa["name"] == "worker":
+                total = max(total, int(psa.get("count") or 0))
+    return total
+
+
+def queued(cluster: Cluster, ns: str, name: str, reason: str = "Queued") -> bool:
+    cond = cluster.condition(ns, name, "Queued") or {}
+    return cond.get("status") == "True" and cond.get("reason") == reason
+
+
+def running(cluster: Cluster, ns: str, name: str, workers: int) -> bool:
+    return cluster.phase(ns, name) == "Running" and len(cluster.hosts(ns, name)) == workers
+
+
+def test_a_job_waits_for_quota_and_runs_when_the_first_ends(cluster: Cluster, ns: str) -> None:
+    make_queue(cluster, ns, pods=4)  # one job of a launcher and two workers fits, not two
+    cluster.create(queued_job("first"), ns)
+    wait_for(partial(running, cluster, ns, "first", 2), 60, "first running")
+    cluster.create(queued_job("second"), ns)
+
+    def says_why() -> bool:  # in Kueue's words
+        message = str((cluster.condition(ns, "second", "Queued") or {}).get("message"))
+        return queued(cluster, ns, "second") and "lq" in message and "quota" in message
+
+    wait_for(says_why, 20, "second queued for quota")
+    assert cluster.phase(ns, "second") == "Queued"
+    assert cluster.pods(ns, "second", live=False) == []
+    # One Workload per job, owned by it, never its pods' label.
+    for name in ("first", "second"):
+        (wl,) = live_workloads(cluster, ns, name)
+        ref = wl["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], ref["controller"]) == ("TrainingJob", name, True)
+        uid = cluster.job(ns, name)["metadata"]["uid"]
+        assert wl["metadata"]["labels"][naming.KUEUE_JOB_UID] == uid
+    for pod in cluster.pods(ns, "first"):
+        labels = cluster.obj("Pod", ns, pod)["metadata"].get("labels") or {}
+        assert naming.LABEL_QUEUE not in labels
+    cluster.finish(ns, "first-launcher", 0)
+    wait_for(lambda: cluster.phase(ns, "first") == "Succeeded", 30, "first succeeded")
+    (done,) = [w for w in workloads(cluster, ns) if w["metadata"]["labels"].get(
+        naming.LABEL_JOB) == "first"]  # fmt: skip
+    finished = [c for c in done["status"]["conditions"] if c["type"] == "Finished"]
+    assert finished and finished[0]["status"] == "True"
+    wait_for(partial(running, cluster, ns, "second", 2), 60, "second running")
+    assert (cluster.condition(ns, "second", "Queued") or {}).get("reason") == "Admitted"
+
+
+def test_partial_admission_starts_small_and_grows_when_quota_frees(
+    cluster: Cluster, ns: str
+) -> None:
+    make_queue(cluster, ns, pods=4)
+    cluster.create(queued_job("holder", replicas=1), ns)  # takes 2 of the 4
+    wait_for(partial(running, cluster, ns, "holder", 1), 60, "holder running")
+    cluster.create(queued_job("elastic", replicas=3, minReplicas=1), ns)
+    wait_for(partial(running, cluster, ns, "elastic", 1), 60, "elastic running at 1 of 3")
+    assert cluster.job(ns, "elastic")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 3
+    cluster.finish(ns, "holder-launcher", 0)
+    wait_for(partial(running, cluster, ns, "elastic", 3), 60, "elastic grown to 3")
+    assert admitted_workers(cluster, ns, "elastic") == 3
+    assert len(live_workloads(cluster, ns, "elastic")) == 1
+
+
+def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns: str) -> None:
+    make_queue(cluster, ns, pods=6)
+    cluster.create(queued_job("a", replicas=2, maxReplicas=4), ns)
+    cluster.create(queued_job("b", replicas=2, maxReplicas=4), ns)
+    for name in ("a", "b"):
+        wait_for(partial(running, cluster, ns, name, 2), 60, f"{name} running")
+    # No room: a's ScaleOut waits, says so, and is rolled back at its timeout, its slice gone.
+    cluster.create(scaleout("a-more", "a", 1, timeout=8), ns)
+    wait_for(
+        lambda: "WaitingForQuota" in str(cluster.condition(ns, "a-more", "Scaling", "ScaleOut")),
+        15, "waiting for quota",
+    )  # fmt: skip
+    assert len(live_workloads(cluster, ns, "a")) == 2  # the slice asks for 3 workers
+    assert len(cluster.pods(ns, "a", role="worker")) == 2
+    wait_for(lambda: cluster.phase(ns, "a-more", "ScaleOut") == "ScaleFailed", 20, "rolled back")
+    wait_for(lambda: len(live_workloads(cluster, ns, "a")) == 1, 15, "slice removed")
+    assert running(cluster, ns, "a", 2)
+    # Again, and b's ScaleIn frees the room: a grows.
+    cluster.create(scaleout("a-again", "a", 1, timeout=60), ns)
+    wait_for(
+        lambda: "WaitingForQuota" in str(cluster.condition(ns, "a-again", "Scaling", "ScaleOut")),
+        15, "waiting for quota",
+    )  # fmt: skip
+    cluster.create(scalein("b-less", "b", count=1), ns)
+    wait_for(lambda: cluster.phase(ns, "b-less", "ScaleIn") == "ScaleSucceeded", 30)
+    wait_for(lambda: cluster.phase(ns, "a-again", "ScaleOut") == "ScaleSucceeded", 60)
+    assert running(cluster, ns, "a", 3) and running(cluster, ns, "b", 1)
+    assert admitted_workers(cluster, ns, "a") == 3
+    (wl_b,) = live_workloads(cluster, ns, "b")
+    worker_set = next(ps for ps in wl_b["spec"]["podSets"] if ps["name"] == "worker")
+    assert worker_set["count"] == 1  # b gave its quota back: what let a grow
+
+
+def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, ns: str) -> None:
+    make_queue(cluster, ns, pods=3, preempt=True)
+    for name, value in (("low", 10), ("high", 1000)):
+        body = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    low = queued_job("low")
+    low["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"low-{ns}"
+    cluster.create(low, ns)
+    wait_for(partial(running, cluster, ns, "low", 2), 60, "low running")
+    first_pods = {cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "low")}
+    high = queued_job("high")
+    high["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
+    cluster.create(high, ns)
+    wait_for(partial(queued, cluster, ns, "low", "Evicted"), 30, "low evicted")
+    wait_for(partial(running, cluster, ns, "high", 2), 60, "high running")
+    assert cluster.pods(ns, "low") == [] and cluster.phase(ns, "low") == "Queued"
+    cluster.finish(ns, "high-launcher", 0)
+    wait_for(partial(running, cluster, ns, "low", 2), 60, "low running again")
+    again = {cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "low")}
+    assert not again & first_pods  # a fresh run: new pods, nothing left of the first
+    cluster.finish(ns, "low-launcher", 0)
+    wait_for(lambda: cluster.phase(ns, "low") == "Succeeded", 30, "low succeeded")
+    assert live_workloads(cluster, ns, "low") == []
+
+
+def test_admission_places_pods_on_the_flavor_s_nodes(cluster: Cluster, ns: str) -> None:
+    node = cluster.node_names()[1]
+    cluster.kubectl("label", "node", node, f"pool-{ns}=yes")
+    try:
+        make_queue(cluster, ns, pods=3, labels={f"pool-{ns}": "yes"})
+        cluster.create(queued_job("placed"), ns)
+        wait_for(partial(running, cluster, ns, "placed", 2), 60, "running")
+        for pod in cluster.pods(ns, "placed"):
+            body = cluster.obj("Pod", ns, pod)
+            assert body["spec"]["nodeSelector"] == {f"pool-{ns}": "yes"}
+            assert body["spec"]["nodeName"] == node
+    finally:
+        cluster.kubectl("label", "node", node, f"pool-{ns}-")
