@@ -7,6 +7,7 @@ quota is in CPU requests: the launcher and each worker ask for 100m."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from etoperator import naming
+from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scalein, scaleout
 
@@ -227,3 +229,66 @@ def test_admission_places_pods_on_the_flavor_s_nodes(cluster: Cluster, ns: str) 
             assert body["spec"]["nodeName"] == node
     finally:
         cluster.kubectl("label", "node", node, f"pool-{ns}-")
+
+
+def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
+    cluster: Cluster, ns: str
+) -> None:
+    """The operator SIGKILLed right after its k-th write of a Workload (made, PodsReady, a
+    slice made, resized, finished), through a job's admission, a ScaleOut, a ScaleIn and its
+    end: afterwards Workloads = jobs, no slice left over, no pod beyond what Kueue admitted,
+    the Workload asks for what runs, and an ended job holds no quota."""
+    make_queue(cluster, ns, pods=5)
+
+    def consistent(name: str, workers: int) -> bool:
+        live = live_workloads(cluster, ns, name)
+        if len(live) != 1 or not running(cluster, ns, name, workers):
+            return False
+        asked = next(ps["count"] for ps in live[0]["spec"]["podSets"] if ps["name"] == "worker")
+        pods = cluster.pods(ns, name, role="worker")
+        return asked == workers and len(pods) == workers <= admitted_workers(cluster, ns, name)
+
+    def ended(name: str) -> bool:
+        return cluster.phase(ns, name) == "Succeeded" and live_workloads(cluster, ns, name) == []
+
+    def round_with_crash(k: int) -> int:
+        """One job's life, the operator killed after its k-th Workload write; the writes."""
+        seen = [0]
+
+        def kth(method: str, path: str, body: bytes) -> bool:
+            seen[0] += "/workloads" in path
+            return seen[0] == k and "/workloads" in path
+
+        crash = cluster.proxy.arm_crash(Crash(cluster.operator.kill, when=kth))
+        name = f"c{k}"
+        steps: list[tuple[Callable[[], object], Callable[[], bool]]] = [
+            (partial(cluster.create, queued_job(name, maxReplicas=3), ns),
+             partial(consistent, name, 2)),
+            (partial(cluster.create, scaleout(f"{name}-o", name, 1, timeout=60), ns),
+             partial(consistent, name, 3)),
+            (partial(cluster.create, scalein(f"{name}-i", name, count=1), ns),
+             partial(consistent, name, 2)),
+            (partial(cluster.finish, ns, f"{name}-launcher", 0), partial(ended, name)),
+        ]  # fmt: skip
+        restarted = False
+        for act, done in steps:
+            act()
+            wait_for(lambda: crash.fired or done(), 60, f"{name}: a step")  # noqa: B023
+            if crash.fired and not restarted:  # a new process takes over
+                assert crash.killed.wait(30), "the operator was not killed"
+                cluster.proxy.disarm()
+                cluster.operator.start()
+                restarted = True
+            wait_for(done, 60, f"{name} consistent (crash after Workload write {k})")
+        cluster.proxy.disarm()
+        if crash.fired and not restarted:  # a write after the last step was done
+            assert crash.killed.wait(30), "the operator was not killed"
+            cluster.operator.start()
+        for sc, kind in ((f"{name}-o", "ScaleOut"), (f"{name}-i", "ScaleIn")):
+            assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
+        return seen[0]
+
+    writes = round_with_crash(0)  # no crash: how many Workload writes a life makes
+    assert writes >= 5, f"only {writes} Workload writes"
+    for k in range(1, writes + 1):
+        round_with_crash(k)
