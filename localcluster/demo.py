@@ -6,7 +6,7 @@
 
 A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), a real
 node (containerd, kubelet, kube-proxy; CoreDNS for cluster DNS) running the images built from
-the shipped Dockerfiles, and the operator installed with `kubectl apply -k deploy/`.
+the shipped Dockerfiles, Kueue, and the operator installed with `kubectl apply -k deploy/`.
 Ctrl-C stops every process it started, puts back what it changed on this machine, and removes
 its directory.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 from localcluster import procs
 from localcluster.cluster import KubectlFailed, LocalCluster, clear_killed_runs
 from localcluster.controlplane import binaries
-from localcluster.tour import JOB, Tour, TourFailed
+from localcluster.tour import JOB, QueueTour, Tour, TourFailed
 
 DEFAULT_DIR = Path("/tmp/etoperator-demo")
 
@@ -132,23 +132,29 @@ def _alive(pid: int) -> bool:
 
 
 def tour(lc: LocalCluster, results: Path | None) -> None:
-    def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         try:
-            return lc.run_kubectl(*args, check=check)
+            return lc.run_kubectl(*args, check=check, input=input)
         except KubectlFailed as exc:
             raise TourFailed(str(exc)) from None
 
     def jsonpath(path: str) -> str:
         return kubectl("get", "tj", JOB, "-o", f"jsonpath={path}", check=False).stdout
 
-    Tour(
+    timings = Tour(
         kubectl=kubectl,
         launcher_log=lambda: lc.pod_log("default", f"{JOB}-launcher"),
         kill_worker=lambda name: lc.kill_pod("default", name),
         hosts=lambda: list(json.loads(jsonpath("{.status.currentWorkers}") or "[]")),
         phase=lambda: jsonpath("{.status.phase}"),
         show=True,
-    ).run(results)
+    ).run()
+    print("\nShared clusters: jobs queued and admitted by Kueue (examples/kueue/)", flush=True)
+    timings |= QueueTour(kubectl=kubectl).run()
+    if results is not None:
+        results.write_text(json.dumps(timings, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     bin_dir = binaries()
     stage(f"control-plane binaries ready in {bin_dir}")
     lc = LocalCluster(
-        args.dir / "cluster", nodes=1, deploy=True, api_port=args.api_port, progress=stage
+        args.dir / "cluster",
+        nodes=1,
+        deploy=True,
+        kueue=True,
+        api_port=args.api_port,
+        progress=stage,
     )
     try:
         return run(args, lc, stage, stop)

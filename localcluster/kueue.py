@@ -106,7 +106,7 @@ class Kueue:
         self.port = procs.free_port()
         ca_bundle = base64.b64encode(self.cp.ca.read_bytes()).decode()
         self._apply_crds(ca_bundle)
-        self._spawn()
+        self._spawn(self.port)
         hooks = webhooks((self.home / "webhook.yaml").read_text(), self.url, ca_bundle)
         self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(hooks))
         procs.wait_until(self._admits, "kueue's webhooks", 60, self.proc, self.log)
@@ -125,14 +125,14 @@ class Kueue:
         self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
         self._kubectl("create", "namespace", "kueue-system", check=False)
 
-    def _spawn(self) -> None:
+    def _spawn(self, port: int) -> None:
         certs = self.dir / "certs"
         certs.mkdir(exist_ok=True)
         pair = self.cp.serving_cert("kueue-webhook", ("127.0.0.1", "localhost"))
         (certs / "tls.crt").write_bytes(pair.cert.read_bytes())
         (certs / "tls.key").write_bytes(pair.key.read_bytes())
         self.health = procs.free_port()
-        cfg = config(self.port, self.health, procs.free_port(), certs)
+        cfg = config(port, self.health, procs.free_port(), certs)
         (self.dir / "config.yaml").write_text(yaml.safe_dump(cfg))
         # The administrator's manager: cluster-wide rights, as its ClusterRole grants.
         kc = self.cp.user_kubeconfig("kueue-manager", "kueue-manager", ("system:masters",))
@@ -198,6 +198,12 @@ class Kueue:
             assert self.proc is not None
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
+
+    def restart(self) -> None:
+        """The manager again (its CRDs and webhook configurations stayed), once it admits."""
+        self.kill()
+        self._spawn(self.port)
+        procs.wait_until(self._admits, "kueue's webhooks", 60, self.proc, self.log)
 
 
 def _serving(url: str, ctx: ssl.SSLContext) -> bool:

@@ -18,6 +18,7 @@ from etoperator.status import Event
 
 QUEUED = "Queued"  # the job's condition while it waits for Kueue
 KUEUE_API = f"{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}"
+UNMADE_RETRY = 5.0  # seconds between tries to make a Workload Kueue's webhook refused
 
 
 def hold_for_queue(d: Draft) -> bool:
@@ -39,6 +40,10 @@ def hold_for_queue(d: Draft) -> bool:
         return True
     if not q.workload:
         d.plan.make_workload = d.spec.worker.replicas
+        if q.unmade:
+            d.plan.requeue = min(d.plan.requeue, UNMADE_RETRY)
+            why = f"its Workload could not be made (is Kueue running?): {q.unmade}"
+            return wait(d, "KueueNotAnswering", why, warn=True)
         return wait(d, QUEUED, f"queued in {q.queue}: its Workload is being made")
     if not q.active:
         d.plan.activate_workload = True  # resumed: back in the queue

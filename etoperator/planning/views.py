@@ -99,6 +99,7 @@ class QueueView:
     growing_admitted: bool = False
     growing_why: str = ""
     strays: tuple[str, ...] = ()  # other unfinished Workloads of the job (none should be)
+    unmade: str | None = None  # why its Workload could not be made (the apiserver's words)
 
 
 @dataclass(frozen=True)

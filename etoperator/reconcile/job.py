@@ -132,6 +132,7 @@ class JobReconciler:
         self.observer.forget(prefix)
         self.children.forget(prefix)
         self.scripts.forget(prefix)
+        self.queues.forget(prefix)
         self.writes.forget(namespace, job)
         self._refused = {k for k in self._refused if not k.startswith(prefix)}
         for k in [k for k in self._acted if k.startswith(prefix)]:

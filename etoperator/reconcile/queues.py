@@ -24,8 +24,9 @@ from etoperator.builders import workload as wl
 from etoperator.builders.common import Owner, Placement
 from etoperator.cache import Observed
 from etoperator.clock import iso, utcnow
-from etoperator.kube import JSON_PATCH, AlreadyExists, Kube
+from etoperator.kube import JSON_PATCH, AlreadyExists, ApiError, Kube
 from etoperator.planning.views import Plan, QueueView
+from etoperator.reconcile import state
 
 log = logging.getLogger(__name__)
 SERVED_TTL = (300.0, 10.0)  # how long "Kueue's API is served" is believed: (yes, no)
@@ -72,6 +73,10 @@ def order(bodies: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict
     return [b for b in ranked if not is_true(b, "Finished")], done
 
 
+def job_id(spec: JobSpec) -> str:
+    return state.job_id(spec.namespace, spec.name, spec.uid)
+
+
 def replaced(current: dict[str, Any], done: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The Workload `current` replaced as a slice, once Kueue finished it for that."""
     key = (current["metadata"].get("annotations") or {}).get(wl.REPLACES, "")
@@ -86,6 +91,13 @@ class Queues:
     kube: Kube
     _served: tuple[float, bool] | None = None
     _flavors: dict[str, tuple[float, Placement]] = field(default_factory=dict)
+    # Per job (namespace/name/uid): why its last Workload could not be made (Kueue's webhook
+    # not answering, a refusal), said on the job until one is made.
+    _unmade: dict[str, str] = field(default_factory=dict)
+
+    def forget(self, prefix: str) -> None:
+        for key in [k for k in self._unmade if k.startswith(prefix)]:
+            self._unmade.pop(key)
 
     def served(self) -> bool:
         now = time.monotonic()
@@ -102,7 +114,7 @@ class Queues:
         live, done = order(obs.workloads)
         current = live[0] if live else (done[-1] if done else None)
         if current is None:
-            return QueueView(queue=spec.queue)
+            return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
         name = current["metadata"]["name"]
         slices = [
             b
@@ -208,6 +220,13 @@ class Queues:
             self.kube.create(body)
         except AlreadyExists:
             return []  # made by an earlier pass whose answer was lost: the watch brings it
+        except ApiError as exc:
+            if replacing is None:  # said by the job's next pass, which tries again
+                self._unmade[job_id(spec)] = str(exc)
+            log.warning("Workload not made namespace=%s name=%s error=%s",
+                        spec.namespace, name, exc)  # fmt: skip
+            return []
+        self._unmade.pop(job_id(spec), None)
         log.info(
             "Created Workload namespace=%s name=%s queue=%s workers=%d",
             spec.namespace, name, spec.queue, workers,

@@ -142,8 +142,14 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
         timings = json.loads(results.read_text())
         assert set(timings) == {
             "steps_per_s_at_2", "scale_out_+2", "scale_in_count_1", "scale_in_by_name",
-            "kubectl_scale_3", "worker_killed",
+            "kubectl_scale_3", "worker_killed", "queued_job_running_after_first_ends",
         }  # fmt: skip
+        for seen in (
+            "queued-b waits: queued in team-queue",
+            "WaitingForQuota",
+            "queued-b admitted and running",
+        ):
+            assert seen in out, out[-3000:]  # fmt: skip
         down = demo_down(state)
         assert down.returncode == 0 and "stopped the demo" in down.stdout, down.stdout
         assert demo.wait(60) == 0

@@ -7,6 +7,7 @@ import json
 import subprocess
 
 import pytest
+import yaml
 
 from localcluster.cluster import OPERATOR_NS
 from localcluster.tour import JOB
@@ -74,3 +75,22 @@ def test_exec_logs_describe_and_events(chain: Chain) -> None:
     reasons = {e["reason"] for e in json.loads(events)["items"]}
     assert {"Scheduled", "Started", "WorkersReady", "Running"} <= reasons, reasons
     c.kubectl("-n", ns, "delete", "tj", JOB, "--wait=false")
+
+
+def test_a_queued_job_on_a_cluster_without_kueue_says_so(chain: Chain) -> None:
+    """Labelled for a queue where no Kueue is installed: no pod, and the job says why (once,
+    with a Warning), instead of starting past the queue or retrying in silence."""
+    c = chain
+    ns = c.new_namespace()
+    body = yaml.safe_load((ROOT / "examples/training_job.yaml").read_text())
+    body["metadata"]["name"] = "queued"
+    body["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "team-a"
+    c.kubectl_create(ns, body)
+    cond: dict[str, str] = wait_for(
+        lambda: c.condition(ns, "queued", "Queued") or {}, 30, "the Queued condition"
+    )
+    assert (cond["status"], cond["reason"]) == ("True", "KueueNotInstalled"), cond
+    assert "kueue.x-k8s.io/v1beta2" in cond["message"]
+    assert c.phase(ns, "queued") == "Queued"
+    assert c.pods(ns, "queued", live=False) == []
+    c.wait_event(ns, "queued", "KueueNotInstalled", "Warning")

@@ -6,10 +6,8 @@ quota is in CPU requests: the launcher and each worker ask for 100m."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import pytest
 import yaml
@@ -17,87 +15,17 @@ import yaml
 from etoperator import naming
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
+from tests.support.manifests import scalein, scaleout
+from tests.support.queues import (
+    KUEUE,
+    admitted_workers,
+    live_workloads,
+    make_queue,
+    queued_job,
+    workloads,
+)
 
 pytestmark = pytest.mark.integration
-CPU = "100m"  # each pod's request
-KUEUE = "kueue.x-k8s.io/v1beta2"
-
-
-def queued_job(name: str, queue: str = "lq", replicas: int = 2, **spec: Any) -> dict[str, Any]:
-    body = job(name, replicas=replicas, **spec)
-    body["metadata"]["labels"] = {naming.LABEL_QUEUE: queue}
-    for role in ("launcher", "worker"):
-        pod = body["spec"]["etReplicaSpecs"][role]["template"]["spec"]
-        pod["containers"][0]["resources"] = {"requests": {"cpu": CPU}}
-    return body
-
-
-def make_queue(
-    cluster: Cluster,
-    ns: str,
-    pods: int,
-    preempt: bool = False,
-    labels: dict[str, str] | None = None,
-) -> str:
-    """A flavor, a ClusterQueue with room for `pods` pods of this namespace, and LocalQueue
-    `lq`; returns the ClusterQueue's name."""
-    cq = f"cq-{ns}"
-    flavor: dict[str, Any] = {"apiVersion": KUEUE, "kind": "ResourceFlavor",
-                              "metadata": {"name": f"f-{ns}"}}  # fmt: skip
-    if labels:
-        flavor["spec"] = {"nodeLabels": labels}
-    spec: dict[str, Any] = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-        "resourceGroups": [
-            {
-                "coveredResources": ["cpu"],
-                "flavors": [
-                    {
-                        "name": f"f-{ns}",
-                        "resources": [{"name": "cpu", "nominalQuota": f"{pods * 100}m"}],
-                    }
-                ],
-            }
-        ],
-    }
-    if preempt:
-        spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
-    docs = [
-        flavor,
-        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": spec},
-        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
-         "spec": {"clusterQueue": cq}},
-    ]  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    return cq
-
-
-def workloads(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "json").stdout
-    return list(json.loads(out)["items"])
-
-
-def live_workloads(cluster: Cluster, ns: str, job_name: str) -> list[dict[str, Any]]:
-    """The job's Workloads not finished."""
-    return [
-        w
-        for w in workloads(cluster, ns)
-        if (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) == job_name
-        and not any(
-            c["type"] == "Finished" and c["status"] == "True"
-            for c in (w.get("status") or {}).get("conditions") or []
-        )
-    ]
-
-
-def admitted_workers(cluster: Cluster, ns: str, job_name: str) -> int:
-    total = 0
-    for w in live_workloads(cluster, ns, job_name):
-        for psa in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
-            if psa["name"] == "worker":
-                total = max(total, int(psa.get("count") or 0))
-    return total
 
 
 def queued(cluster: Cluster, ns: str, name: str, reason: str = "Queued") -> bool:
@@ -216,6 +144,24 @@ def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, n
     assert live_workloads(cluster, ns, "low") == []
 
 
+def test_with_kueue_not_answering_a_queued_job_says_so_then_starts(
+    cluster: Cluster, ns: str
+) -> None:
+    make_queue(cluster, ns, pods=3)
+    kueue = cluster.local.queues
+    assert kueue is not None
+    kueue.kill()  # its webhooks refuse every Workload
+    try:
+        cluster.create(queued_job("alone"), ns)
+        wait_for(partial(queued, cluster, ns, "alone", "KueueNotAnswering"), 20, "said")
+        assert cluster.pods(ns, "alone", live=False) == []
+        assert cluster.phase(ns, "alone") == "Queued"
+        cluster.wait_event(ns, "alone", "KueueNotAnswering", "Warning")
+    finally:
+        kueue.restart()
+    wait_for(partial(running, cluster, ns, "alone", 2), 60, "running once Kueue is back")
+
+
 def test_admission_places_pods_on_the_flavor_s_nodes(cluster: Cluster, ns: str) -> None:
     node = cluster.node_names()[1]
     cluster.kubectl("label", "node", node, f"pool-{ns}=yes")
@@ -292,3 +238,24 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     assert writes >= 5, f"only {writes} Workload writes"
     for k in range(1, writes + 1):
         round_with_crash(k)
+
+
+def test_a_suspended_job_leaves_the_queue_and_queues_again_on_resume(
+    cluster: Cluster, ns: str
+) -> None:
+    make_queue(cluster, ns, pods=3)
+    cluster.create(queued_job("first"), ns)
+    wait_for(partial(running, cluster, ns, "first", 2), 60, "first running")
+    cluster.create(queued_job("second"), ns)
+    wait_for(partial(queued, cluster, ns, "second"), 20, "second queued")
+    suspend = {"spec": {"suspend": True}}
+    cluster.api.patch(naming.JOB_KIND, ns, "first", suspend)
+    wait_for(lambda: cluster.phase(ns, "first") == "Suspended", 20, "first suspended")
+    (wl,) = live_workloads(cluster, ns, "first")
+    assert wl["spec"]["active"] is False
+    wait_for(partial(running, cluster, ns, "second", 2), 60, "second admitted in its place")
+    assert cluster.pods(ns, "first") == []
+    cluster.api.patch(naming.JOB_KIND, ns, "first", {"spec": {"suspend": False}})
+    wait_for(partial(queued, cluster, ns, "first"), 20, "first queued again")
+    cluster.finish(ns, "second-launcher", 0)
+    wait_for(partial(running, cluster, ns, "first", 2), 60, "first running again")

@@ -12,6 +12,7 @@ import yaml
 from localcluster.cluster import OPERATOR_USER
 from tests.harness import ROOT, Cluster, wait_for
 from tests.support.manifests import job, scalein, scaleout
+from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 
 pytestmark = pytest.mark.integration
 
@@ -136,6 +137,7 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     )
     cluster.finish(ns, "rb-launcher", 0)
     wait_for(lambda: cluster.pods(ns, "rb") == [], 20, "cleanup")
+    queued_life(cluster, ns)
 
     wait_for(lambda: ("delete", "", "pods") in audited(cluster), 10, "the audit log")
     used = audited(cluster)
@@ -191,3 +193,24 @@ def test_pods_are_filtered_by_the_server(cluster: Cluster, ns: str) -> None:
     assert any("watch" in uri for uri in reads), reads
     unfiltered = [uri for uri in reads if "labelSelector=" not in uri]
     assert unfiltered == [], unfiltered
+
+
+def queued_life(cluster: Cluster, ns: str) -> None:
+    """A job Kueue admits: its priority class and flavor read, its Workload made, PodsReady
+    written, a ScaleOut's slice made and removed at its timeout (no room), a ScaleIn giving
+    quota back (the count patched), the end written (Finished)."""
+    make_queue(cluster, ns, pods=3)
+    wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+           "metadata": {"name": f"p-{ns}"}, "value": 5}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+    body = queued_job("rbq", replicas=2, maxReplicas=3)
+    body["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"p-{ns}"
+    cluster.create(body, ns)
+    wait_for(lambda: len(cluster.hosts(ns, "rbq")) == 2 and cluster.phase(ns, "rbq") == "Running",
+             60, "rbq running")  # fmt: skip
+    cluster.create(scaleout("rbq-o", "rbq", 1, timeout=3), ns)
+    wait_for(lambda: cluster.phase(ns, "rbq-o", "ScaleOut") == "ScaleFailed", 20, "no room")
+    cluster.create(scalein("rbq-i", "rbq", count=1), ns)
+    wait_for(lambda: cluster.phase(ns, "rbq-i", "ScaleIn") == "ScaleSucceeded", 20)
+    cluster.finish(ns, "rbq-launcher", 0)
+    wait_for(lambda: live_workloads(cluster, ns, "rbq") == [], 20, "its Workload finished")

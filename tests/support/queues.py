@@ -1,0 +1,92 @@
+"""Kueue on the local cluster, as tests set it up: a queue per test namespace, jobs whose pods
+ask for CPU (quota counts requests), and the Workloads read back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from etoperator import naming
+from tests.harness import Cluster
+from tests.support.manifests import job
+
+CPU = "100m"  # each pod's request
+KUEUE = "kueue.x-k8s.io/v1beta2"
+
+
+def queued_job(name: str, queue: str = "lq", replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    body = job(name, replicas=replicas, **spec)
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: queue}
+    for role in ("launcher", "worker"):
+        pod = body["spec"]["etReplicaSpecs"][role]["template"]["spec"]
+        pod["containers"][0]["resources"] = {"requests": {"cpu": CPU}}
+    return body
+
+
+def make_queue(
+    cluster: Cluster,
+    ns: str,
+    pods: int,
+    preempt: bool = False,
+    labels: dict[str, str] | None = None,
+) -> str:
+    """A flavor, a ClusterQueue with room for `pods` pods of this namespace, and LocalQueue
+    `lq`; returns the ClusterQueue's name."""
+    cq = f"cq-{ns}"
+    flavor: dict[str, Any] = {"apiVersion": KUEUE, "kind": "ResourceFlavor",
+                              "metadata": {"name": f"f-{ns}"}}  # fmt: skip
+    if labels:
+        flavor["spec"] = {"nodeLabels": labels}
+    spec: dict[str, Any] = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        "resourceGroups": [
+            {
+                "coveredResources": ["cpu"],
+                "flavors": [
+                    {
+                        "name": f"f-{ns}",
+                        "resources": [{"name": "cpu", "nominalQuota": f"{pods * 100}m"}],
+                    }
+                ],
+            }
+        ],
+    }
+    if preempt:
+        spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    docs = [
+        flavor,
+        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": spec},
+        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+         "spec": {"clusterQueue": cq}},
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return cq
+
+
+def workloads(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def live_workloads(cluster: Cluster, ns: str, job_name: str) -> list[dict[str, Any]]:
+    """The job's Workloads not finished."""
+    return [
+        w
+        for w in workloads(cluster, ns)
+        if (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) == job_name
+        and not any(
+            c["type"] == "Finished" and c["status"] == "True"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+    ]
+
+
+def admitted_workers(cluster: Cluster, ns: str, job_name: str) -> int:
+    total = 0
+    for w in live_workloads(cluster, ns, job_name):
+        for psa in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
+            if psa["name"] == "worker":
+                total = max(total, int(psa.get("count") or 0))
+    return total

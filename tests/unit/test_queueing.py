@@ -1,0 +1,147 @@
+"""Queued jobs (Kueue), planned: no pod without an admission, the run at the admitted size,
+growth only through an admitted slice, quota given back, evictions stopped and released."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from etoperator.api.models import JobSpec, parse_job
+from etoperator.planning import JobInput, PodView, plan_job
+from etoperator.planning.views import QueueView
+from tests.support.manifests import job, scaleout
+from tests.unit.test_planning import inp, launcher, running_status, scaler, w
+
+
+def qspec(**kw: Any) -> JobSpec:
+    b = job("j", **kw)
+    b["metadata"].update(namespace="ns", uid="u", labels={"kueue.x-k8s.io/queue-name": "lq"})
+    return parse_job(b)
+
+
+def queued(spec: JobSpec, status: dict[str, Any], pods: list[PodView], q: QueueView) -> JobInput:
+    return dataclasses.replace(inp(spec, status, pods), queue=q)
+
+
+ADMITTED = QueueView(
+    queue="lq", workload="wl", workers=2, reserved=True, admitted=True, admitted_workers=2,
+    cluster_queue="cq",
+)  # fmt: skip
+
+
+def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def test_a_new_queued_job_makes_its_workload_and_no_pod() -> None:
+    plan = plan_job(queued(qspec(replicas=3), {}, [], QueueView(queue="lq")))
+    assert plan.make_workload == 3
+    assert plan.create_workers == [] and not plan.create_launcher
+    assert plan.status["phase"] == "Queued"
+    assert cond(plan.status, "Queued")["reason"] == "Queued"
+    assert plan.status["targetWorkers"] == [] and plan.status["lastWorkerIndex"] == -1
+
+
+def test_admitted_the_run_starts_at_the_admitted_size_with_the_first_names() -> None:
+    status = plan_job(queued(qspec(replicas=3), {}, [], QueueView(queue="lq"))).status
+    q = dataclasses.replace(ADMITTED, workers=3, admitted_workers=2)
+    plan = plan_job(queued(qspec(replicas=3), status, [], q))
+    assert plan.create_workers == [0, 1]
+    assert plan.spec_replicas is None  # spec keeps what was asked: the rest comes later
+    assert cond(plan.status, "Queued")["reason"] == "Admitted"
+    assert "2 workers of 3 asked" in cond(plan.status, "Queued")["message"]
+
+
+def test_a_partly_admitted_job_asks_for_the_rest_and_grows_once_admitted() -> None:
+    spec = qspec(replicas=3)
+    status = running_status([0, 1], acceptedReplicas=3)
+    pods = [w(0), w(1), launcher()]
+    q = dataclasses.replace(ADMITTED, workers=3, admitted_workers=2)
+    plan = plan_job(queued(spec, status, pods, q))
+    assert plan.make_slice is not None and plan.make_slice[1] == 3
+    assert plan.create_workers == []
+    grown = dataclasses.replace(q, workload=plan.make_slice[0], admitted_workers=3)
+    plan = plan_job(queued(spec, status, pods, grown))
+    assert plan.create_workers == [2]
+    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1", "j-worker-2"]
+
+
+def test_a_scale_out_creates_no_worker_until_its_slice_is_admitted() -> None:
+    spec = qspec(replicas=2, maxReplicas=4)
+    pods = [w(0), w(1), launcher()]
+    so = scaler(scaleout("more", "j", 1))
+    start = plan_job(dataclasses.replace(queued(spec, running_status([0, 1]), pods, ADMITTED),
+                                         scalers=[so]))  # fmt: skip
+    assert start.create_workers == []  # held from the pass it starts in
+    so = dataclasses.replace(so, status=start.scaler_status[so.kind_name])
+    wait = plan_job(dataclasses.replace(queued(spec, start.status, pods, ADMITTED), scalers=[so]))
+    assert wait.make_slice is not None and wait.make_slice[1] == 3
+    assert wait.create_workers == []
+    sc = wait.scaler_status.get(so.kind_name) or so.status
+    assert "WaitingForQuota" in str(sc["conditions"])
+    admitted = dataclasses.replace(ADMITTED, workload=wait.make_slice[0], admitted_workers=3)
+    go = plan_job(dataclasses.replace(queued(spec, start.status, pods, admitted), scalers=[so]))
+    assert go.create_workers == [2]
+
+
+def test_shrunk_below_what_it_holds_the_workload_gives_quota_back() -> None:
+    spec = qspec(replicas=1)
+    q = dataclasses.replace(ADMITTED, workers=2)
+    plan = plan_job(queued(spec, running_status([0]), [w(0), launcher()], q))
+    assert plan.resize_workload == 1
+
+
+def test_evicted_the_pods_go_then_the_admission_is_given_back() -> None:
+    spec = qspec(replicas=2)
+    q = dataclasses.replace(
+        ADMITTED, evicted="Preempted: higher priority", evicted_reason="Preempted"
+    )
+    pods = [w(0), w(1), launcher()]
+    plan = plan_job(queued(spec, running_status([0, 1]), pods, q))
+    assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
+    assert plan.release_admission == ""  # not while a pod is left
+    assert plan.status["phase"] == "Queued"
+    assert cond(plan.status, "Queued")["reason"] == "Evicted"
+    later = plan_job(queued(spec, plan.status, [], q))
+    assert later.release_admission == "Preempted"
+
+
+def test_without_kueue_the_job_says_so_and_starts_nothing() -> None:
+    plan = plan_job(queued(qspec(), {}, [], QueueView(queue="lq", served=False)))
+    assert plan.create_workers == [] and plan.make_workload is None
+    assert cond(plan.status, "Queued")["reason"] == "KueueNotInstalled"
+    assert any(e.type == "Warning" for e in plan.events)
+
+
+def test_an_ended_job_finishes_its_workload() -> None:
+    spec = qspec(replicas=2)
+    pods = [w(0), w(1), launcher("Succeeded")]
+    plan = plan_job(queued(spec, running_status([0, 1]), pods, ADMITTED))
+    assert plan.status["phase"] == "Succeeded"
+    assert [c[:3] for c in plan.workload_conditions] == [("Finished", "True", "Succeeded")]
+
+
+VIEWS = st.builds(
+    QueueView,
+    queue=st.just("lq"),
+    served=st.booleans(),
+    workload=st.sampled_from(["", "wl"]),
+    workers=st.integers(1, 4),
+    reserved=st.booleans(),
+    admitted=st.just(False),
+    evicted=st.sampled_from(["", "Preempted: x"]),
+)
+
+
+@given(q=VIEWS, members=st.integers(1, 3), launched=st.booleans())
+def test_no_pod_is_ever_made_without_an_admission(
+    q: QueueView, members: int, launched: bool
+) -> None:
+    pods = [w(i) for i in range(members)] + ([launcher()] if launched else [])
+    plan = plan_job(queued(qspec(replicas=members), running_status(list(range(members))), pods, q))
+    assert plan.create_workers == [] and not plan.create_launcher
+    assert sorted(plan.delete_pods) == sorted(p.name for p in pods)
+    assert plan.status["phase"] == "Queued"
