@@ -47,11 +47,12 @@ def hold_for_queue(d: Draft) -> bool:
         return wait(d, QUEUED, f"queued in {q.queue}: its Workload is being made")
     if not q.active:
         d.plan.activate_workload = True  # resumed: back in the queue
-    if q.evicted:
+    if q.evicted and q.reserved:
         return evicted(d, q)
     if not q.admitted:
         follow_spec(d, q)
-        return wait(d, QUEUED, f"queued in {q.queue}: {q.why or 'waiting for quota'}")
+        again = f" again after an eviction ({q.evicted})" if q.evicted else ""
+        return wait(d, QUEUED, f"queued in {q.queue}{again}: {q.why or 'waiting for quota'}")
     if d.status.phase == st.QUEUED:
         admit(d, q)
     d.plan.placement = dict(q.placement)
@@ -144,20 +145,27 @@ def slice_name(d: Draft, sc: ScalerView) -> str:
 
 
 def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
-    """A ScaleOut of a queued job: None once Kueue has admitted the new size; else what it waits
-    for, having asked for the slice that grows the Workload."""
+    """A ScaleOut of a queued job: None once Kueue has admitted the new size; else what it
+    waits for."""
     q = d.inp.queue
     if q is None or not q.served:
         return None
     wanted = len(d.status.members)
     if q.admitted_workers >= wanted or (q.growing_admitted and q.growing_workers >= wanted):
         return None
+    return f"waiting for queue {q.queue} to admit {workers(wanted)}: {q.growing_why or 'queued'}"
+
+
+def ask_to_grow(d: Draft, sc: ScalerView) -> None:
+    """The slice that grows the Workload to the ScaleOut's size (one a pass asked for before
+    stays; another is replaced)."""
+    q = d.inp.queue
+    assert q is not None
     name = slice_name(d, sc)
     if q.growing != name:
         if q.growing:
             d.plan.delete_workloads.append(q.growing)  # a slice no scale waits for
-        d.plan.make_slice = (name, wanted)
-    return f"waiting for queue {q.queue} to admit {workers(wanted)}: {q.growing_why or 'queued'}"
+        d.plan.make_slice = (name, len(d.status.members))
 
 
 def held_by_quota(d: Draft) -> set[str]:

@@ -80,9 +80,10 @@ def wait_for_quota(d: Draft, sc: ScalerView, m: Members, waiting: str) -> Member
     made; at the timeout the scale is rolled back (and the slice it asked for removed). Woken
     by the Workload's watch events, and at the timeout."""
     assert sc.spec is not None
-    if timed_out(d, sc):
+    if timed_out(d, sc):  # its slice goes once no scale waits for it (queueing.settle)
         failed = f"not admitted within {sc.spec.timeout}s: {waiting}"
         return fail_scale_out(d, sc, m, [], failed, f"{failed}; nothing added")
+    queueing.ask_to_grow(d, sc)
     d.set_scaler_cond(
         sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "WaitingForQuota",
         f"{waiting} (up to the {sc.spec.timeout}s timeout)",

@@ -102,6 +102,8 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
     wait_for(lambda: cluster.phase(ns, "a-more", "ScaleOut") == "ScaleFailed", 20, "rolled back")
     wait_for(lambda: len(live_workloads(cluster, ns, "a")) == 1, 15, "slice removed")
     assert running(cluster, ns, "a", 2)
+    wait_for(lambda: cluster.job(ns, "a")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2,
+             10, "spec replicas back to 2")  # fmt: skip
     # Again, and b's ScaleIn frees the room: a grows.
     cluster.create(scaleout("a-again", "a", 1, timeout=60), ns)
     wait_for(
@@ -132,9 +134,11 @@ def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, n
     high = queued_job("high")
     high["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
     cluster.create(high, ns)
-    wait_for(partial(queued, cluster, ns, "low", "Evicted"), 30, "low evicted")
     wait_for(partial(running, cluster, ns, "high", 2), 60, "high running")
     assert cluster.pods(ns, "low") == [] and cluster.phase(ns, "low") == "Queued"
+    assert "Preempted" in cluster.wait_event(ns, "low", "Evicted", "Warning")["message"]
+    message = str((cluster.condition(ns, "low", "Queued") or {}).get("message"))
+    assert "again after an eviction" in message, message
     cluster.finish(ns, "high-launcher", 0)
     wait_for(partial(running, cluster, ns, "low", 2), 60, "low running again")
     again = {cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "low")}
