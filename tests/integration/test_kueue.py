@@ -6,6 +6,7 @@ quota is in CPU requests: the launcher and each worker ask for 100m."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -184,64 +185,55 @@ def test_admission_places_pods_on_the_flavor_s_nodes(cluster: Cluster, ns: str) 
 def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     cluster: Cluster, ns: str
 ) -> None:
-    """The operator SIGKILLed right after its k-th write of a Workload (made, PodsReady, a
-    slice made, resized, finished), through a job's admission, a ScaleOut, a ScaleIn and its
-    end: afterwards Workloads = jobs, no slice left over, no pod beyond what Kueue admitted,
-    the Workload asks for what runs, and an ended job holds no quota."""
+    """Through a job's life (admission, a ScaleOut through a slice, a ScaleIn, its end) the
+    operator is SIGKILLed right after every Workload write it makes (made, PodsReady, a slice
+    made, resized, finished), and a new one takes over each time: each step still ends with
+    one Workload per job, no slice left over, no pod beyond what Kueue admitted, the Workload
+    asking for what runs, and the ended job holding no quota."""
     make_queue(cluster, ns, pods=5)
 
-    def consistent(name: str, workers: int) -> bool:
-        live = live_workloads(cluster, ns, name)
-        if len(live) != 1 or not running(cluster, ns, name, workers):
+    def consistent(workers: int) -> bool:
+        live = live_workloads(cluster, ns, "cc")
+        if len(live) != 1 or not running(cluster, ns, "cc", workers):
             return False
         asked = next(ps["count"] for ps in live[0]["spec"]["podSets"] if ps["name"] == "worker")
-        pods = cluster.pods(ns, name, role="worker")
-        return asked == workers and len(pods) == workers <= admitted_workers(cluster, ns, name)
+        pods = cluster.pods(ns, "cc", role="worker")
+        return asked == workers and len(pods) == workers <= admitted_workers(cluster, ns, "cc")
 
-    def ended(name: str) -> bool:
-        return cluster.phase(ns, name) == "Succeeded" and live_workloads(cluster, ns, name) == []
+    def ended() -> bool:
+        return cluster.phase(ns, "cc") == "Succeeded" and live_workloads(cluster, ns, "cc") == []
 
-    def round_with_crash(k: int) -> int:
-        """One job's life, the operator killed after its k-th Workload write; the writes."""
-        seen = [0]
+    def arm() -> Crash:
+        return cluster.proxy.arm_crash(
+            Crash(cluster.operator.kill, when=lambda _m, path, _b: "/workloads" in path)
+        )
 
-        def kth(method: str, path: str, body: bytes) -> bool:
-            seen[0] += "/workloads" in path
-            return seen[0] == k and "/workloads" in path
-
-        crash = cluster.proxy.arm_crash(Crash(cluster.operator.kill, when=kth))
-        name = f"c{k}"
-        steps: list[tuple[Callable[[], object], Callable[[], bool]]] = [
-            (partial(cluster.create, queued_job(name, maxReplicas=3), ns),
-             partial(consistent, name, 2)),
-            (partial(cluster.create, scaleout(f"{name}-o", name, 1, timeout=60), ns),
-             partial(consistent, name, 3)),
-            (partial(cluster.create, scalein(f"{name}-i", name, count=1), ns),
-             partial(consistent, name, 2)),
-            (partial(cluster.finish, ns, f"{name}-launcher", 0), partial(ended, name)),
-        ]  # fmt: skip
-        restarted = False
-        for act, done in steps:
-            act()
-            wait_for(lambda: crash.fired or done(), 60, f"{name}: a step")  # noqa: B023
-            if crash.fired and not restarted:  # a new process takes over
+    steps: list[tuple[Callable[[], object], Callable[[], bool]]] = [
+        (partial(cluster.create, queued_job("cc", maxReplicas=3), ns), partial(consistent, 2)),
+        (partial(cluster.create, scaleout("cc-o", "cc", 1, timeout=120), ns),
+         partial(consistent, 3)),
+        (partial(cluster.create, scalein("cc-i", "cc", count=1), ns), partial(consistent, 2)),
+        (partial(cluster.finish, ns, "cc-launcher", 0), ended),
+    ]  # fmt: skip
+    crashes, crash = 0, arm()
+    for act, done in steps:
+        act()
+        deadline = time.monotonic() + 120
+        while not done():
+            assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
+            if crash.fired:  # a new process takes over, to be killed at its first write
                 assert crash.killed.wait(30), "the operator was not killed"
                 cluster.proxy.disarm()
                 cluster.operator.start()
-                restarted = True
-            wait_for(done, 60, f"{name} consistent (crash after Workload write {k})")
-        cluster.proxy.disarm()
-        if crash.fired and not restarted:  # a write after the last step was done
-            assert crash.killed.wait(30), "the operator was not killed"
-            cluster.operator.start()
-        for sc, kind in ((f"{name}-o", "ScaleOut"), (f"{name}-i", "ScaleIn")):
-            assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
-        return seen[0]
-
-    writes = round_with_crash(0)  # no crash: how many Workload writes a life makes
-    assert writes >= 5, f"only {writes} Workload writes"
-    for k in range(1, writes + 1):
-        round_with_crash(k)
+                crashes, crash = crashes + 1, arm()
+            time.sleep(0.05)
+    cluster.proxy.disarm()
+    if crash.fired:
+        assert crash.killed.wait(30)
+        cluster.operator.start()
+    for sc, kind in (("cc-o", "ScaleOut"), ("cc-i", "ScaleIn")):
+        assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
+    assert crashes >= 5, f"only {crashes} Workload writes were crashed after"
 
 
 def test_a_suspended_job_leaves_the_queue_and_queues_again_on_resume(
