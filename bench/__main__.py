@@ -802,6 +802,134 @@ def p8(tmp: Path, jobs: int = 10) -> list[Row]:
         c.stop()
 
 
+def admitted_at(c: World, ns: str) -> Callable[[], dict[str, float]]:
+    """When each job's Workload was first seen Admitted (a watch, as any client sees it)."""
+    import threading
+
+    from kubernetes import client, watch
+
+    seen: dict[str, float] = {}
+    api = client.CustomObjectsApi(c.api.api)
+
+    def run() -> None:
+        while True:
+            try:
+                for ev in watch.Watch().stream(
+                    api.list_namespaced_custom_object,
+                    "kueue.x-k8s.io",
+                    "v1beta2",
+                    ns,
+                    "workloads",
+                    timeout_seconds=300,
+                ):
+                    body = ev["object"]
+                    conds = (body.get("status") or {}).get("conditions") or []
+                    if any(x["type"] == "Admitted" and x["status"] == "True" for x in conds):
+                        job = body["metadata"]["labels"].get(naming.LABEL_JOB, "")
+                        seen.setdefault(job, time.monotonic())
+            except Exception:  # a watch that ends is opened again
+                time.sleep(0.1)
+
+    threading.Thread(target=run, daemon=True).start()
+    return lambda: dict(seen)
+
+
+Q1_CPU = 10  # millicores a pod asks for: hollow nodes have room for 100 pods of it each
+
+
+def q1(tmp: Path, rounds: int = 10, queued: int = 100, room: int = 10) -> list[Row]:
+    """Shared clusters (Kueue on hollow nodes): admitted -> first worker created and -> job
+    Running; a ScaleIn's end -> a waiting job admitted; `queued` jobs on quota for `room`."""
+    from tests.support.queues import make_queue, queued_job
+
+    c = start_hollow(tmp, 2, HOLLOW_PODS, ["--no-ssh-checks"], kueue=True)
+    try:
+        ns = c.new_namespace()
+        make_queue(c, ns, pods=room * 3, millicpu=Q1_CPU)
+        tl, admitted = Timeline(c, ns), admitted_at(c, ns)
+        to_worker, to_running = [], []
+        for i in range(rounds):
+            name = f"a{i}"
+            c.create(queued_job(name, replicas=2, millicpu=Q1_CPU), ns)
+            wait_for(lambda: c.phase(ns, name) == "Running", 60, interval=0.02)  # noqa: B023
+            done = time.monotonic()
+            at = admitted()[name]
+            to_worker.append(tl.at[("created", f"{name}-worker-0")] - at)
+            to_running.append(done - at)
+            c.kubectl("delete", "tj", name, "-n", ns, "--wait=true")
+        freed = q1_scale_in(c, ns, tl, admitted, rounds=5, room=room)
+        flow = q1_flow(c, ns, admitted, queued, room)
+        return [
+            ("Q1", "Workload admitted -> first worker created p50 / p95",
+             f"{fmt(to_worker)}", "<= 1 s"),
+            ("Q1", "Workload admitted -> job Running p50 / p95", f"{fmt(to_running)}", "<= 3 s"),
+            ("Q1", "ScaleIn done -> the quota admits a waiting job p50 / p95", f"{fmt(freed)}",
+             "<= 2 s"),
+            *flow,
+        ]  # fmt: skip
+    finally:
+        c.stop()
+
+
+def q1_scale_in(
+    c: Hollow, ns: str, tl: Timeline, admitted: Callable[[], dict[str, float]], rounds: int,
+    room: int,
+) -> list[float]:  # fmt: skip
+    """A job holding all the room but one worker's, another waiting for two: a ScaleIn of the
+    first by one lets the second in; from the ScaleIn's end to that admission."""
+    from tests.support.queues import queued_job
+
+    took = []
+    for i in range(rounds):
+        big, small = f"big{i}", f"small{i}"
+        c.create(queued_job(big, replicas=room * 3 - 2, maxReplicas=room * 3, millicpu=Q1_CPU), ns)
+        wait_for(lambda: c.phase(ns, big) == "Running", 120, interval=0.05)  # noqa: B023
+        c.create(queued_job(small, replicas=1, millicpu=Q1_CPU), ns)  # launcher + 1 worker: 2 pods
+        wait_for(lambda: c.phase(ns, small) == "Queued", 30, interval=0.05)  # noqa: B023
+        c.create(scalein(f"less{i}", big, count=1), ns)
+        wait_for(lambda: small in admitted(), 60, interval=0.02)  # noqa: B023
+        took.append(admitted()[small] - tl.at[("ScaleSucceeded", f"less{i}")])
+        c.kubectl("delete", "tj", big, small, "-n", ns, "--wait=true")
+    return took
+
+
+def q1_flow(
+    c: Hollow, ns: str, admitted: Callable[[], dict[str, float]], jobs: int, room: int
+) -> list[Row]:
+    """`jobs` queued at once on quota for `room`: each deleted once Running (hollow pods never
+    end), which lets the next in. Admissions a minute, the last one's wait, the operator's RSS
+    and requests."""
+    from tests.support.queues import queued_job
+
+    t0, wall0 = time.monotonic(), time.time()
+    for i in range(jobs):
+        c.create(queued_job(f"f{i}", replicas=2, millicpu=Q1_CPU), ns)
+    created = time.monotonic()
+    left, rss = set(range(jobs)), 0
+    deadline = time.monotonic() + 900
+    while left and time.monotonic() < deadline:
+        jobs_now = {j["metadata"]["name"]: (j.get("status") or {}).get("phase")
+                    for j in c.api.list(naming.JOB_KIND, ns)}  # fmt: skip
+        for i in sorted(left):
+            if jobs_now.get(f"f{i}") == "Running":
+                c.kubectl("delete", "tj", f"f{i}", "-n", ns, "--wait=false")
+                left.discard(i)
+        rss = max(rss, rss_mib(c.operator.proc))
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    seen = admitted()
+    last = max((seen[f"f{i}"] for i in range(jobs) if f"f{i}" in seen), default=t0) - created
+    requests = operator_requests(c, wall0, time.time())
+    return [
+        ("Q1", f"{jobs} queued on quota for {room}: admissions a minute",
+         f"{60 * len([i for i in range(jobs) if f'f{i}' in seen]) / took:.0f}", ">= 100"),
+        ("Q1", "... the last one admitted after", f"{last:.1f}s", ""),
+        ("Q1", "... operator RSS max / requests a minute",
+         f"{rss} MiB / {60 * len(requests) / took:.0f}", "<= 300 MiB"),
+        ("Q1", "... jobs never admitted", str(len(left)), "0"),
+    ]  # fmt: skip
+
+
 def p4(tmp: Path) -> list[Row]:
     """The tour of `make demo` (full chain: real horovodrun), non-interactive, timed."""
     results = tmp / "tour.json"
@@ -1094,7 +1222,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha"]
+    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1"]
     p.add_argument("--only", nargs="*", default=order)
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
@@ -1111,6 +1239,7 @@ def main() -> int:
         ("a1", accuracy),
         ("p10", p10),
         ("ha", ha),
+        ("q1", q1),
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, stage in stages:

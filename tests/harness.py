@@ -74,10 +74,14 @@ def start_cluster(
     return Cluster(local, local.kubeconfig, api, local.cp, operator, proxy)
 
 
-def start_hollow(tmp: Path, nodes: int, max_pods: int, extra: list[str]) -> Hollow:
-    """The real control plane with kube-scheduler, hollow nodes (kubemark) and the operator as
-    a real process under its deploy/ RBAC: thousands of pods that run nothing."""
-    local = LocalCluster(tmp, hollow=nodes, max_pods=max_pods, operator_args=list(extra))
+def start_hollow(
+    tmp: Path, nodes: int, max_pods: int, extra: list[str], kueue: bool = False
+) -> Hollow:
+    """The real control plane with kube-scheduler, hollow nodes (kubemark), Kueue if asked, and
+    the operator as a real process under its deploy/ RBAC: thousands of pods that run nothing."""
+    local = LocalCluster(
+        tmp, hollow=nodes, max_pods=max_pods, operator_args=list(extra), kueue=kueue
+    )
     try:
         local.start()
     except BaseException:

@@ -9,28 +9,31 @@ from typing import Any
 import yaml
 
 from etoperator import naming
-from tests.harness import Cluster
+from tests.harness import World
 from tests.support.manifests import job
 
-CPU = "100m"  # each pod's request
+MILLICPU = 100  # each pod's request, unless a test says otherwise
 KUEUE = "kueue.x-k8s.io/v1beta2"
 
 
-def queued_job(name: str, queue: str = "lq", replicas: int = 2, **spec: Any) -> dict[str, Any]:
+def queued_job(
+    name: str, queue: str = "lq", replicas: int = 2, millicpu: int = MILLICPU, **spec: Any
+) -> dict[str, Any]:
     body = job(name, replicas=replicas, **spec)
     body["metadata"]["labels"] = {naming.LABEL_QUEUE: queue}
     for role in ("launcher", "worker"):
         pod = body["spec"]["etReplicaSpecs"][role]["template"]["spec"]
-        pod["containers"][0]["resources"] = {"requests": {"cpu": CPU}}
+        pod["containers"][0]["resources"] = {"requests": {"cpu": f"{millicpu}m"}}
     return body
 
 
 def make_queue(
-    cluster: Cluster,
+    cluster: World,
     ns: str,
     pods: int,
     preempt: bool = False,
     labels: dict[str, str] | None = None,
+    millicpu: int = MILLICPU,
 ) -> str:
     """A flavor, a ClusterQueue with room for `pods` pods of this namespace, and LocalQueue
     `lq`; returns the ClusterQueue's name."""
@@ -47,7 +50,7 @@ def make_queue(
                 "flavors": [
                     {
                         "name": f"f-{ns}",
-                        "resources": [{"name": "cpu", "nominalQuota": f"{pods * 100}m"}],
+                        "resources": [{"name": "cpu", "nominalQuota": f"{pods * millicpu}m"}],
                     }
                 ],
             }
@@ -65,12 +68,12 @@ def make_queue(
     return cq
 
 
-def workloads(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+def workloads(cluster: World, ns: str) -> list[dict[str, Any]]:
     out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "json").stdout
     return list(json.loads(out)["items"])
 
 
-def live_workloads(cluster: Cluster, ns: str, job_name: str) -> list[dict[str, Any]]:
+def live_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any]]:
     """The job's Workloads not finished."""
     return [
         w
@@ -83,7 +86,7 @@ def live_workloads(cluster: Cluster, ns: str, job_name: str) -> list[dict[str, A
     ]
 
 
-def admitted_workers(cluster: Cluster, ns: str, job_name: str) -> int:
+def admitted_workers(cluster: World, ns: str, job_name: str) -> int:
     total = 0
     for w in live_workloads(cluster, ns, job_name):
         for psa in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
