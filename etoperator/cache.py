@@ -77,6 +77,7 @@ class Observed:
     present: set[tuple[str, str]] = field(default_factory=set)  # (kind, name) of other children
     role: Body | None = None  # the launcher's Role
     workloads: list[Body] = field(default_factory=list)  # Kueue's, made for this job
+    pod_group: Body | None = None  # its workers' PodGroup (gang scheduling)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class Indexes:
             present={(c["kind"], c["metadata"]["name"]) for c in children},
             role=_named(by_kind.get("Role", []), naming.launcher_sa_name(name)),
             workloads=by_kind.get("Workload", []),
+            pod_group=_named(by_kind.get("PodGroup", []), naming.pod_group_name(name)),
         )
 
 

@@ -57,6 +57,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     for plural in ("roles", "rolebindings"):
         settings.watching.label_selectors[RBAC_GROUP, "v1", plural] = ours
     settings.watching.label_selectors[naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads"] = ours
+    settings.watching.label_selectors[
+        naming.SCHEDULING_GROUP, naming.SCHEDULING_VERSION, "podgroups"
+    ] = ours
     settings.watching.server_timeout = cfg.watch_timeout
     settings.watching.client_timeout = cfg.watch_timeout + 10
     settings.networking.request_timeout = 30
@@ -198,6 +201,12 @@ for _group, _plural, _kind in CHILDREN:
 kopf.index(
     naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads", labels=OURS, id="workloads_index"
 )(_child_index(naming.WORKLOAD_KIND))
+# Gang jobs' PodGroups, where the Workload API is served (the scheduler says on them why a
+# gang waits).
+kopf.index(
+    naming.SCHEDULING_GROUP, naming.SCHEDULING_VERSION, "podgroups", labels=OURS,
+    id="podgroups_index",
+)(_child_index(naming.POD_GROUP_KIND))  # fmt: skip
 
 
 def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
@@ -206,7 +215,7 @@ def _attach(rt: Runtime, indexes: dict[str, Any]) -> None:
         rt.observe = cache.Indexes(
             jobs=indexes["jobs_index"],
             children=[indexes[f"{plural}_index"] for _, plural, _ in CHILDREN]
-            + [indexes["workloads_index"]],
+            + [indexes["workloads_index"], indexes["podgroups_index"]],
             scalers=[indexes["scaleouts_index"], indexes["scaleins_index"]],
         ).observe
 
@@ -230,11 +239,15 @@ async def job_event(
 @kopf.on.event(
     naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads", labels={naming.LABEL_GROUP: naming.GROUP}
 )
+@kopf.on.event(
+    naming.SCHEDULING_GROUP, naming.SCHEDULING_VERSION, "podgroups",
+    labels={naming.LABEL_GROUP: naming.GROUP},
+)  # fmt: skip
 async def child_event(
     labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A pod, the host-list ConfigMap or the Workload of a job changed or went: its job looks
-    again (an admission, an eviction)."""
+    """A pod, the host-list ConfigMap, the Workload or the PodGroup of a job changed or went:
+    its job looks again (an admission, an eviction, the scheduler's word on a gang)."""
     job = labels.get(naming.LABEL_JOB)
     if job:
         runtime(memo).kick((namespace or "", job))

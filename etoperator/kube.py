@@ -38,6 +38,14 @@ RESOURCES: dict[str, tuple[str, str]] = {
     naming.SCALEOUT_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEOUT_PLURAL),
     naming.SCALEIN_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEIN_PLURAL),
     naming.WORKLOAD_KIND: (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "workloads"),
+    naming.POD_GROUP_KIND: (
+        f"apis/{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION}",
+        "podgroups",
+    ),
+    naming.GANG_WORKLOAD: (
+        f"apis/{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION}",
+        "workloads",
+    ),
 }
 # Cluster-scoped kinds read by name: kind -> (path prefix, plural).
 CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
@@ -234,7 +242,9 @@ class Kube:
 
     def create(self, obj: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
         meta = obj["metadata"]
-        path = _path(obj["kind"], meta["namespace"])
+        group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+        kind = f"{obj['kind']}.{group}" if f"{obj['kind']}.{group}" in RESOURCES else obj["kind"]
+        path = _path(kind, meta["namespace"])
         return dict(self._call("POST", path, body=obj, timeout=timeout))
 
     def delete(

@@ -37,6 +37,12 @@ KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 WORKLOAD_KIND = "Workload"
+# Gang scheduling: Kubernetes' own Workload API.
+SCHEDULING_GROUP = "scheduling.k8s.io"
+SCHEDULING_VERSION = "v1alpha2"
+POD_GROUP_KIND = "PodGroup"
+GANG_WORKLOAD = "Workload.scheduling.k8s.io"  # as the API client files it (beside Kueue's)
+GANG_TEMPLATE = "workers"
 # Our own prefix, for kopf's bookkeeping and for marks on children.
 ANN_PREFIX = "etoperator.kai.alibabacloud.com"
 # The run (restartCount) a launcher was created for.
@@ -139,6 +145,12 @@ def workload_name(job: str, uid: str) -> str:
     integrations name theirs (another job of the same name later gets another Workload)."""
     digest = hashlib.sha256(uid.encode()).hexdigest()[:5]
     return f"trainingjob-{job}-{digest}"
+
+
+def pod_group_name(job: str) -> str:
+    """The workers' PodGroup (gang scheduling); the Workload that holds its template is named
+    as the job."""
+    return f"{job}-workers"
 
 
 def launcher_sa_name(job: str) -> str:

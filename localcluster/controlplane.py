@@ -47,6 +47,11 @@ NODE_CONTROLLERS = (
     "replicaset-controller",
 )
 ADMISSION = "NodeRestriction,OwnerReferencesPermissionEnforcement"
+# Kubernetes' own Workload API (gang scheduling: Workload, PodGroup, pods' schedulingGroup),
+# alpha in 1.36: its API group and gates on the apiserver, the scheduler and the controller
+# manager (which lifts a PodGroup's protection once no pod uses it).
+WORKLOAD_GATES = "GenericWorkload=true,GangScheduling=true"
+WORKLOAD_API = "scheduling.k8s.io/v1alpha2=true"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # Service accounts' requests are audited (the operator's RBAC is compared with them); everyone
 # else's are not, which keeps the log small.
@@ -98,6 +103,7 @@ class ControlPlane:
     address: str = "127.0.0.1"  # where it listens; pods of real nodes reach it there
     real_nodes: bool = False  # pods reach the apiserver at `address` (the lease reconciler)
     scheduling: bool = False  # kube-scheduler and the node controllers run (any kind of node)
+    workload_api: bool = True  # scheduling.k8s.io/v1alpha2 served, gang scheduling on
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -222,6 +228,7 @@ class ControlPlane:
                 f"--endpoint-reconciler-type={'lease' if self.real_nodes else 'none'}",
                 "--profiling=false",
                 "--v=0",
+                *self.gates(api=True),
             ],
         )
         self._https_ctx = ssl.create_default_context(cafile=str(ca.cert))
@@ -259,12 +266,14 @@ class ControlPlane:
                 "--secure-port=0",
                 "--concurrent-gc-syncs=10",
                 "--v=0",
+                *self.gates(),
             ],
         )
 
     @property
     def controllers(self) -> tuple[str, ...]:
-        return CONTROLLERS + NODE_CONTROLLERS if self.scheduling else CONTROLLERS
+        gang = ("podgroup-protection-controller",) if self.workload_api else ()
+        return (*CONTROLLERS, *gang, *(NODE_CONTROLLERS if self.scheduling else ()))
 
     def _scheduler(self) -> None:
         kc = self.user_kubeconfig("kube-scheduler", "system:kube-scheduler")
@@ -283,8 +292,17 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 "--secure-port=0",
                 "--v=0",
+                *self.gates(),
             ],
         )
+
+    def gates(self, api: bool = False) -> list[str]:
+        if not self.workload_api:
+            return []
+        return [
+            f"--feature-gates={WORKLOAD_GATES}",
+            *([f"--runtime-config={WORKLOAD_API}"] if api else []),
+        ]
 
     def running(self) -> bool:
         return all(p.poll() is None for p in self.procs.values())

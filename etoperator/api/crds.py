@@ -141,6 +141,24 @@ def trainingjob_schema() -> Schema:
             "restartPolicy": f.JOB_RESTART.schema(),
             "backoffLimit": f.BACKOFF.schema(),
             "launcherAttachMode": f.ATTACH.schema(),
+            "schedulingPolicy": {
+                "type": "object",
+                "description": "Gang scheduling through Kubernetes' Workload API "
+                "(scheduling.k8s.io/v1alpha2): the workers are placed all or nothing.",
+                "properties": {
+                    "minAvailable": f.MIN_AVAILABLE.schema(),
+                    "priorityClass": {
+                        "type": "string",
+                        "maxLength": 253,
+                        "description": "the pods' PriorityClass",
+                    },
+                    "schedulerName": {
+                        "type": "string",
+                        "maxLength": 253,
+                        "description": "the scheduler that places the pods",
+                    },
+                },
+            },
             "suspend": {
                 "type": "boolean",
                 "description": "true: no pods (all deleted); false again: a fresh run. A job "

@@ -102,6 +102,12 @@ LAUNCHER_RESTART = Enum(
 SLOTS = Int("spec.slotsPerWorker", "slots per host (default: GPU limit, else 1)", 1, MAX_SLOTS)
 CLEAN_POD = Enum("spec.cleanPodPolicy", "pods to delete at end", CLEAN_POD_POLICIES, "Running")
 JOB_RESTART = Enum("spec.restartPolicy", "restart a failed job?", JOB_RESTART_POLICIES, "Never")
+MIN_AVAILABLE = Int(
+    "spec.schedulingPolicy.minAvailable",
+    "workers placed all or nothing before any runs (default: minReplicas)",
+    1,
+    MAX_WORKERS,
+)
 BACKOFF = Int("spec.backoffLimit", "most whole-job restarts", 0, None, DEFAULT_BACKOFF_LIMIT)
 ATTACH = Enum("spec.launcherAttachMode", "how the launcher reaches workers", ATTACH_MODES, "ssh")
 

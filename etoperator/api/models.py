@@ -148,6 +148,16 @@ class LauncherSpec:
 
 
 @dataclass(frozen=True)
+class GangPolicy:
+    """spec.schedulingPolicy: the workers placed all or nothing, at least `min_available` of
+    them (Kubernetes' Workload API), with the pods' priority class and scheduler."""
+
+    min_available: int
+    priority_class: str | None = None
+    scheduler_name: str | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     namespace: str
@@ -163,6 +173,7 @@ class JobSpec:
     annotations: dict[str, str] = field(default_factory=dict)
     queue: str | None = None  # the Kueue LocalQueue that admits it (kueue.x-k8s.io/queue-name)
     priority_class: str | None = None  # its WorkloadPriorityClass in that queue
+    gang: GangPolicy | None = None  # spec.schedulingPolicy: gang scheduling of the workers
 
 
 def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> JobSpec:
@@ -202,7 +213,30 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         annotations=annotations,
         queue=queue,
         priority_class=priority,
+        gang=_gang(spec.get("schedulingPolicy"), worker),
     )
+
+
+def _gang(policy: Any, worker: WorkerSpec) -> GangPolicy | None:
+    if policy is None:
+        return None
+    policy = _dict(policy, "spec.schedulingPolicy")
+    least = f.MIN_AVAILABLE.parse(policy.get("minAvailable"))
+    least = worker.min_replicas if least is None else least
+    if least > worker.replicas:
+        raise InvalidSpec(
+            f"spec.schedulingPolicy.minAvailable ({least}) is above "
+            f"{f.W}.replicas ({worker.replicas}): the gang could never start"
+        )
+    names = []
+    for key in ("priorityClass", "schedulerName"):
+        value = policy.get(key)
+        if value is not None and not (
+            isinstance(value, str) and naming.is_dns1123_subdomain(value)
+        ):
+            raise InvalidSpec(f"spec.schedulingPolicy.{key} must be a valid name, got {value!r}")
+        names.append(value)
+    return GangPolicy(least, names[0], names[1])
 
 
 def _suspend(value: Any) -> bool:

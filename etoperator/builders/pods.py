@@ -9,7 +9,7 @@ from typing import Any
 
 from etoperator import naming
 from etoperator.api.models import JobSpec
-from etoperator.builders import ssh
+from etoperator.builders import gang, ssh
 from etoperator.builders.common import ANYWHERE, Owner, Placement, metadata
 
 SSH_VOLUME = naming.SSH_VOLUME
@@ -140,6 +140,7 @@ def worker_pod(
     lifecycle.setdefault("preStop", drain_hook(name))  # a hook of the template's own stays
     spec.setdefault("hostname", name)
     placement.apply(spec)
+    gang.place(job_spec, spec, worker=True)
     return _pod(
         name,
         job_spec,
@@ -176,6 +177,7 @@ def launcher_pod(
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
     placement.apply(spec)
+    gang.place(job_spec, spec, worker=False)
     pod = _pod(
         naming.launcher_name(job_spec.name),
         job_spec,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from etoperator import naming
 from etoperator import status as st
-from etoperator.planning import queueing
+from etoperator.planning import gangs, queueing
 from etoperator.planning.draft import Draft
 from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
@@ -56,7 +56,7 @@ def plan_pass(d: Draft) -> Plan:
     elif job_spec.suspended:
         suspend(d)
         queueing.suspended(d)
-    elif queueing.hold_for_queue(d):
+    elif queueing.hold_for_queue(d) or gangs.hold_for_gang(d):
         pass
     elif phase == st.SUSPENDED:
         d.start_fresh_run()
@@ -69,6 +69,8 @@ def plan_pass(d: Draft) -> Plan:
         queueing.finished(d)  # ended this pass
     else:
         queueing.settle(d)
+    if d.status.phase not in st.TERMINAL:
+        gangs.settle(d)
     return complete_plan(d)
 
 

@@ -53,6 +53,11 @@ def check_scale_in(
             f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
             f"below minReplicas {job_spec.worker.min_replicas}"
         )
+    if job_spec.gang is not None and left < job_spec.gang.min_available:
+        return [], (
+            f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
+            f"below the gang's minAvailable {job_spec.gang.min_available}"
+        )
     if hosts and not [h for h in hosts if h not in victims]:
         return [], "would remove every worker in the host list; Horovod needs one to keep state"
     return by_index(job_spec.name, victims), None

@@ -30,6 +30,7 @@ class PodView:
     # on it are connected to; None when not asked or it could not be told.
     peers: frozenset[str] | None = None
     waiting: str = ""  # why a pod that is not running cannot run (its own words), if it says
+    bound: bool = False  # the scheduler has placed it on a node
 
     @property
     def draining(self) -> bool:
@@ -103,6 +104,15 @@ class QueueView:
 
 
 @dataclass(frozen=True)
+class GangView:
+    """A gang job's PodGroup as the planner sees it (reconcile/gangs.py reads it)."""
+
+    served: bool = True  # the Workload API is there
+    group: bool = False  # its PodGroup exists
+    why: str = ""  # the scheduler's words on why the gang waits (PodGroupScheduled False)
+
+
+@dataclass(frozen=True)
 class JobInput:
     name: str
     namespace: str
@@ -121,6 +131,7 @@ class JobInput:
     launcher_access: bool = True  # the launcher's account, Role and binding are there
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
     queue: QueueView | None = None  # labelled for Kueue: its Workload
+    gang: GangView | None = None  # spec.schedulingPolicy: its PodGroup
 
 
 @dataclass
@@ -158,4 +169,5 @@ class Plan:
     activate_workload: bool | None = None
     workload_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
     release_admission: str = ""  # the eviction's reason, when given back
+    make_gang: bool = False  # the Workload and PodGroup of a gang job, before its workers
     placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates

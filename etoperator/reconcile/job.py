@@ -35,6 +35,7 @@ from etoperator.clock import iso, utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
 from etoperator.reconcile.children import Acted, Children
+from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.observe import Observer, scaler_view
 from etoperator.reconcile.queues import Queues
 from etoperator.reconcile.scripts import Scripts
@@ -91,6 +92,7 @@ class JobReconciler:
     pool: concurrent.futures.ThreadPoolExecutor  # independent writes made at once
     recorder: Recorder  # a pass's events, posted off the pass
     queues: Queues  # Kueue's Workloads of queued jobs
+    gangs: Gangs  # gang jobs' PodGroups
     clock: Callable[[], datetime] = utcnow
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
@@ -122,8 +124,9 @@ class JobReconciler:
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
         return cls(
-            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube), clock
-        )
+            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube),
+            Gangs(kube), clock,
+        )  # fmt: skip
 
     def forget(self, namespace: str, job: str) -> None:
         """The job is gone: drop all memory of it (keys, checks, problems, scripts, writes)."""
@@ -201,6 +204,7 @@ class JobReconciler:
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
             queue=self.queues.view(obs, obs.spec) if obs.spec is not None else None,
+            gang=self.gangs.view(obs, obs.spec) if obs.spec is not None else None,
         )
         with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)
@@ -290,6 +294,8 @@ class JobReconciler:
             return
         with metrics.pass_step(took, "children"):
             jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
+            if plan.make_gang:  # before the workers that join it
+                self.gangs.make(inp.spec)
             acted = self.children.act(obs, inp.spec, plan)
             acted.problems += self.queues.act(obs, inp.spec, plan)
             self._acted[jid] = acted

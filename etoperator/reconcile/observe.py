@@ -104,6 +104,7 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
                 leaving=_leaving(p, tainted) if worker else "",
                 waiting=_waiting(pst),
                 ip=str(pst.get("podIP") or ""),
+                bound=bool((p.get("spec") or {}).get("nodeName")),
             )
         )
     return views

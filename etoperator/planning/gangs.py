@@ -1,0 +1,50 @@
+"""Gang scheduling (spec.schedulingPolicy): the workers are placed all or nothing, through
+Kubernetes' Workload API. The Workload and PodGroup are made before the first worker; a gang
+that waits says why, in the scheduler's words; where the API is not served the job says so
+and starts nothing. A ScaleOut's workers join a placed group at once (the scheduler's rule),
+and a ScaleIn never takes it below minAvailable (rules.check_scale_in)."""
+
+from __future__ import annotations
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.planning.draft import Draft
+
+PENDING = "GangPending"
+RECHECK = 30.0  # seconds between looks for the Workload API where it was not served
+
+
+def hold_for_gang(d: Draft) -> bool:
+    """True when gang scheduling was asked for where the cluster cannot do it."""
+    g = d.inp.gang
+    if g is None or g.served:
+        return False
+    d.stop_run("GangUnavailable", "gang scheduling is not available")
+    why = (
+        "spec.schedulingPolicy asks for gang scheduling, but this cluster does not serve "
+        f"{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION} (Kubernetes' Workload API, "
+        "feature gates GenericWorkload and GangScheduling): no worker is created"
+    )
+    d.set_cond(PENDING, "True", "WorkloadAPIUnavailable", why, warn=True)
+    d.plan.requeue = min(d.plan.requeue, RECHECK)
+    return True
+
+
+def settle(d: Draft) -> None:
+    """The group before any worker; GangPending while members wait to be placed together,
+    with how many of the minimum are placed (an Event when it starts waiting)."""
+    g, policy = d.inp.gang, d.spec.gang
+    if g is None or policy is None:
+        return
+    if d.plan.create_workers and not g.group:
+        d.plan.make_gang = True
+    members = [d.workers.get(n) for n in d.status.target_workers or []]
+    placed = sum(1 for p in members if p is not None and p.bound)
+    waiting = [p for p in members if p is not None and not p.bound and not p.deleting]
+    old = st.condition(d.status.conditions or [], PENDING) or {}
+    if waiting and placed < policy.min_available and g.why:
+        message = f"{placed} of {policy.min_available} workers placed: {g.why}"
+        news = old.get("status") != "True" or old.get("reason") != "Unschedulable"
+        d.set_cond(PENDING, "True", "Unschedulable", message, warn=True, event=news)
+    elif old.get("status") == "True" and placed >= policy.min_available:
+        d.set_cond(PENDING, "False", "Placed", f"{placed} workers placed together")

@@ -1,0 +1,49 @@
+"""Gang jobs (spec.schedulingPolicy): whether the Workload API is served, and the scheduler's
+word on the workers' PodGroup, as the planner sees them; the Workload and PodGroup made before
+the first worker. The planner's side is planning/gangs.py."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from etoperator import naming
+from etoperator import status as st
+from etoperator.api.models import JobSpec
+from etoperator.builders import gang
+from etoperator.builders.common import Owner
+from etoperator.cache import Observed
+from etoperator.kube import AlreadyExists, Kube
+from etoperator.planning.views import GangView
+
+SERVED_TTL = (300.0, 30.0)  # how long "the Workload API is served" is believed: (yes, no)
+
+
+@dataclass
+class Gangs:
+    kube: Kube
+    _served: tuple[float, bool] | None = None
+
+    def served(self) -> bool:
+        now = time.monotonic()
+        if self._served is None or now - self._served[0] > SERVED_TTL[not self._served[1]]:
+            self._served = (now, self.kube.serves(gang.API))
+        return self._served[1]
+
+    def view(self, obs: Observed, spec: JobSpec) -> GangView | None:
+        if spec.gang is None:
+            return None
+        if obs.pod_group is None and not self.served():
+            return GangView(served=False)
+        conds = ((obs.pod_group or {}).get("status") or {}).get("conditions") or []
+        said = st.condition(conds, "PodGroupScheduled") or {}
+        why = str(said.get("message") or "") if said.get("status") == "False" else ""
+        return GangView(group=obs.pod_group is not None, why=why)
+
+    def make(self, spec: JobSpec) -> None:
+        """The Workload, then the PodGroup made from its template (either may be there)."""
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        for body in (gang.workload(spec, owner), gang.pod_group(spec, owner)):
+            with contextlib.suppress(AlreadyExists):
+                self.kube.create(body)
