@@ -147,6 +147,7 @@ class LocalCluster:
     max_pods: int = 110
     deploy: bool = False  # the operator from deploy/ (real nodes only)
     kueue: bool = False  # Kueue's manager, CRDs and webhooks (kueue.py)
+    workload_api: bool = True  # Kubernetes' Workload API and gang scheduling (controlplane.py)
     progress: Callable[[str], None] = lambda _: None
     cp: ControlPlane | None = None
     real: Nodes | None = None
@@ -183,7 +184,9 @@ class LocalCluster:
 
     def start(self, operator: bool = True, server: str | None = None) -> LocalCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.cp = ControlPlane(self.dir / "controlplane", port=self.api_port)
+        self.cp = ControlPlane(
+            self.dir / "controlplane", port=self.api_port, workload_api=self.workload_api
+        )
         if self.nodes:
             clear_killed_runs()
             slot, self._slot_lock = claim_slot()

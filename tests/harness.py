@@ -94,8 +94,9 @@ def start_hollow(
 
 def start_chain(tmp: Path, nodes: int = 1) -> Chain:
     """The full chain: the real control plane, real nodes (containerd, kubelet, kube-proxy,
-    kube-scheduler, CoreDNS) and the operator as deploy/ installs it."""
-    local = LocalCluster(tmp, nodes=nodes, deploy=True)
+    kube-scheduler, CoreDNS) and the operator as deploy/ installs it. A plain cluster: no
+    Kueue, no Workload API (what a job asking for either meets on most clusters)."""
+    local = LocalCluster(tmp, nodes=nodes, deploy=True, workload_api=False)
     try:
         local.start()
     except BaseException:

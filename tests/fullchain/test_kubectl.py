@@ -94,3 +94,21 @@ def test_a_queued_job_on_a_cluster_without_kueue_says_so(chain: Chain) -> None:
     assert c.phase(ns, "queued") == "Queued"
     assert c.pods(ns, "queued", live=False) == []
     c.wait_event(ns, "queued", "KueueNotInstalled", "Warning")
+
+
+def test_a_gang_job_on_a_cluster_without_the_workload_api_says_so(chain: Chain) -> None:
+    """spec.schedulingPolicy where scheduling.k8s.io/v1alpha2 is not served: at once a clear
+    condition and no worker, not a retry loop of refused creates."""
+    c = chain
+    ns = c.new_namespace()
+    body = yaml.safe_load((ROOT / "examples/training_job.yaml").read_text())
+    body["metadata"]["name"] = "gang"
+    body["spec"]["schedulingPolicy"] = {"minAvailable": 2}
+    c.kubectl_create(ns, body)
+    cond: dict[str, str] = wait_for(
+        lambda: c.condition(ns, "gang", "GangPending") or {}, 30, "the GangPending condition"
+    )
+    assert (cond["status"], cond["reason"]) == ("True", "WorkloadAPIUnavailable"), cond
+    assert "scheduling.k8s.io/v1alpha2" in cond["message"]
+    assert c.pods(ns, "gang", live=False) == []
+    c.wait_event(ns, "gang", "WorkloadAPIUnavailable", "Warning")

@@ -138,6 +138,10 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     cluster.finish(ns, "rb-launcher", 0)
     wait_for(lambda: cluster.pods(ns, "rb") == [], 20, "cleanup")
     queued_life(cluster, ns)
+    gang = job("rbg", replicas=2, cleanPodPolicy="All")
+    gang["spec"]["schedulingPolicy"] = {"minAvailable": 2}  # its Workload and PodGroup made
+    cluster.create(gang, ns)
+    wait_for(lambda: len(cluster.hosts(ns, "rbg")) == 2, 60, "the gang placed")
 
     wait_for(lambda: ("delete", "", "pods") in audited(cluster), 10, "the audit log")
     used = audited(cluster)
