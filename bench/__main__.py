@@ -108,6 +108,8 @@ class Timeline:
     def _pod(self, etype: str, pod: Any) -> None:
         name = pod.metadata.name
         self.first("created", name)
+        if pod.spec.node_name:
+            self.first("bound", name)
         if pod.status.phase == "Running":
             self.first("running", name)
         if etype == "DELETED" or pod.metadata.deletion_timestamp:
@@ -937,6 +939,68 @@ def q1_flow(
     ]  # fmt: skip
 
 
+def g1(tmp: Path, rounds: int = 10, workers: int = 8) -> list[Row]:
+    """Gang scheduling (hollow nodes, kube-scheduler's GangScheduling plugin): job created ->
+    every worker bound, with and without the gang; a waiting gang -> bound once room frees."""
+    c = hollow(tmp, 2 * workers * 4)
+    try:
+        ns = c.new_namespace()
+        tl = Timeline(c, ns)
+        took: dict[str, list[float]] = {"plain": [], "gang": []}
+        for i in range(rounds):
+            for kind in took:
+                name = f"{kind}{i}"
+                body = job(name, replicas=workers)
+                if kind == "gang":
+                    body["spec"]["schedulingPolicy"] = {"minAvailable": workers}
+                t0 = time.monotonic()
+                c.create(body, ns)
+                names = [f"{name}-worker-{k}" for k in range(workers)]
+                wait_for(lambda: tl.seen(*(("bound", n) for n in names)), 60, f"{name} bound")  # noqa: B023
+                took[kind].append(max(tl.at[("bound", n)] for n in names) - t0)
+                c.kubectl("delete", "tj", name, "-n", ns, "--wait=true")
+        waited = g1_waiting(c, ns, tl)
+        return [
+            ("G1", f"job of {workers} created -> every worker bound, no gang p50 / p95",
+             fmt(took["plain"]), ""),
+            ("G1", "... with the gang (all or nothing) p50 / p95", fmt(took["gang"]),
+             "within 1 s of no gang"),
+            ("G1", "a waiting gang: room freed (the other job deleted) -> every worker bound",
+             fmt(waited), "<= 5 s"),
+        ]  # fmt: skip
+    finally:
+        c.stop()
+
+
+def g1_waiting(c: Hollow, ns: str, tl: Timeline, rounds: int = 3) -> list[float]:
+    """Two gangs of two workers, each worker 40% of a node's CPU, on one node: the second waits
+    (no worker bound) until the first is deleted."""
+    node = c.nodes()[0]
+    cpu = c.kubectl("get", "node", node, "-o", "jsonpath={.status.allocatable.cpu}").stdout
+    milli = int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000
+    took = []
+    for i in range(rounds):
+        pair = [f"first{i}", f"second{i}"]
+        for name in pair:
+            body = job(name, replicas=2)
+            body["spec"]["schedulingPolicy"] = {"minAvailable": 2}
+            pod = body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
+            pod["containers"][0]["resources"] = {"requests": {"cpu": f"{milli * 2 // 5}m"}}
+            pod["nodeSelector"] = {"kubernetes.io/hostname": node}
+            c.create(body, ns)
+        first = [f"{pair[0]}-worker-{k}" for k in range(2)]
+        second = [f"{pair[1]}-worker-{k}" for k in range(2)]
+        wait_for(lambda: tl.seen(*(("bound", n) for n in first)), 60, "the first gang")  # noqa: B023
+        wait_for(lambda: c.condition(ns, pair[1], "GangPending"), 60, "the second waiting")  # noqa: B023
+        assert not any(tl.seen(("bound", n)) for n in second), "a part of a gang was placed"
+        t0 = time.monotonic()
+        c.kubectl("delete", "tj", pair[0], "-n", ns, "--wait=false")
+        wait_for(lambda: tl.seen(*(("bound", n) for n in second)), 120, "the second gang")  # noqa: B023
+        took.append(max(tl.at[("bound", n)] for n in second) - t0)
+        c.kubectl("delete", "tj", pair[1], "-n", ns, "--wait=true")
+    return took
+
+
 def p4(tmp: Path) -> list[Row]:
     """The tour of `make demo` (full chain: real horovodrun), non-interactive, timed."""
     results = tmp / "tour.json"
@@ -1229,7 +1293,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1"]
+    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1", "g1"]
     p.add_argument("--only", nargs="*", default=order)
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
@@ -1247,6 +1311,7 @@ def main() -> int:
         ("p10", p10),
         ("ha", ha),
         ("q1", q1),
+        ("g1", g1),
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, stage in stages:

@@ -235,8 +235,11 @@ class QueueTour:
     def run(self) -> dict[str, float]:
         self.kubectl("apply", "-f", str(QUEUES / "queues.yaml"))
         job = yaml.safe_load((QUEUES / "queued_job.yaml").read_text())
-        self.kubectl("create", "-f", str(QUEUES / "queued_job.yaml"))
-        job["metadata"]["name"] = "queued-b"
+        command = job["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+        steps = command["command"].index("--steps") + 1
+        command["command"][steps] = "400"  # queued-a trains past the ScaleOut's timeout
+        self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
+        job["metadata"]["name"], command["command"][steps] = "queued-b", "60"
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
         self.reach("tj", "queued-a", "Running", 180)
         # Kueue's words, once it has looked at queued-b.
@@ -249,7 +252,9 @@ class QueueTour:
                  "the ScaleOut waiting for quota")  # fmt: skip
         self.say(f"ScaleOut {more}: {self.said('so', more, 'Scaling')}")
         self.reach("so", more, "ScaleFailed", 60)  # its timeout
-        self.say(self.kubectl("get", "so", more).stdout.rstrip())
+        failed = self.said("so", more, "ScaleFailed")
+        check("not admitted within" in failed, f"ScaleOut {more} failed otherwise: {failed}")
+        self.say(f"ScaleOut {more} rolled back: {failed}")
         self.reach("tj", "queued-a", "Succeeded", 240)
         t0 = time.time()
         self.reach("tj", "queued-b", "Running", 180)

@@ -63,6 +63,12 @@ def plan_pass(d: Draft) -> Plan:
         d.set_cond(st.SUSPENDED, "False", "Resumed", "job resumed")
         d.plan.events.append(Event("Normal", "Resumed", "job resumed: starting afresh"))
         advance_run(d)
+    elif phase == st.QUEUED and d.inp.queue is None:  # its queue label removed: no queue
+        d.start_fresh_run()
+        message = "no longer queued (the queue label was removed): starting"
+        d.set_cond(queueing.QUEUED, "False", "LeftQueue", message, event=False)
+        d.plan.events.append(Event("Normal", "LeftQueue", message))
+        advance_run(d)
     else:
         advance_run(d)
     if d.status.phase in st.TERMINAL and phase not in st.TERMINAL:

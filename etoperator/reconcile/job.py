@@ -297,7 +297,8 @@ class JobReconciler:
             if plan.make_gang:  # before the workers that join it
                 self.gangs.make(inp.spec)
             acted = self.children.act(obs, inp.spec, plan)
-            acted.problems += self.queues.act(obs, inp.spec, plan)
+            if inp.spec.queue or obs.workloads:
+                acted.problems += self.queues.act(obs, inp.spec, plan)
             self._acted[jid] = acted
             self.scripts.run(obs, plan)
 

@@ -182,7 +182,14 @@ class Queues:
         return hit[1]
 
     def act(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
-        """The plan's Workload writes, in order; what stood in the way, said on the job."""
+        """The plan's Workload writes, in order; what stood in the way, said on the job. A job
+        whose queue label was removed runs outside any queue: its Workloads go (their quota
+        with them)."""
+        if not spec.queue:
+            for body in obs.workloads:
+                meta = body["metadata"]
+                self.kube.delete(naming.WORKLOAD_KIND, meta["namespace"], meta["name"], meta["uid"])
+            return []
         problems: list[str] = []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         base = naming.workload_name(spec.name, spec.uid)

@@ -78,3 +78,19 @@ def test_a_placed_gang_grows_at_once_and_never_shrinks_below_its_minimum(
     cond = cluster.condition(ns, "gg-less", "ScaleFailed", "ScaleIn") or {}
     assert "minAvailable 2" in str(cond.get("message")), cond
     assert running(cluster, ns, "gg", 3)
+
+
+def test_a_lost_worker_of_a_placed_gang_is_replaced_without_waiting_for_the_group(
+    cluster: Cluster, ns: str
+) -> None:
+    """A worker of a placed gang fails: its replacement joins the group and is placed at once
+    (the group's other member stays bound), as for any job."""
+    cluster.create(gang_job("gl", 2, cpu="100m", workerRestartPolicy="Always"), ns)
+    wait_for(lambda: running(cluster, ns, "gl", 2), 60, "running")
+    lost = cluster.hosts(ns, "gl")[0]
+    cluster.finish(ns, lost, 1)
+    wait_for(lambda: running(cluster, ns, "gl", 2) and lost not in cluster.hosts(ns, "gl"), 60,
+             "a replacement in the host list")  # fmt: skip
+    assert bound(cluster, ns, "gl") == 2
+    pending = cluster.condition(ns, "gl", "GangPending") or {}
+    assert pending.get("status") != "True", pending

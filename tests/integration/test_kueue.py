@@ -63,10 +63,7 @@ def test_a_job_waits_for_quota_and_runs_when_the_first_ends(cluster: Cluster, ns
         assert naming.LABEL_QUEUE not in labels
     cluster.finish(ns, "first-launcher", 0)
     wait_for(lambda: cluster.phase(ns, "first") == "Succeeded", 30, "first succeeded")
-    (done,) = [w for w in workloads(cluster, ns) if w["metadata"]["labels"].get(
-        naming.LABEL_JOB) == "first"]  # fmt: skip
-    finished = [c for c in done["status"]["conditions"] if c["type"] == "Finished"]
-    assert finished and finished[0]["status"] == "True"
+    wait_for(lambda: live_workloads(cluster, ns, "first") == [], 10, "its Workload finished")
     wait_for(partial(running, cluster, ns, "second", 2), 60, "second running")
     assert (cluster.condition(ns, "second", "Queued") or {}).get("reason") == "Admitted"
 
@@ -255,3 +252,13 @@ def test_a_suspended_job_leaves_the_queue_and_queues_again_on_resume(
     wait_for(partial(queued, cluster, ns, "first"), 20, "first queued again")
     cluster.finish(ns, "second-launcher", 0)
     wait_for(partial(running, cluster, ns, "first", 2), 60, "first running again")
+
+
+def test_a_job_taken_out_of_its_queue_runs_and_its_workload_goes(cluster: Cluster, ns: str) -> None:
+    make_queue(cluster, ns, pods=1)  # room for nothing of it
+    cluster.create(queued_job("leaver"), ns)
+    wait_for(lambda: len(live_workloads(cluster, ns, "leaver")) == 1, 20, "its Workload")
+    wait_for(partial(queued, cluster, ns, "leaver"), 20, "queued")
+    cluster.kubectl("label", "tj", "leaver", "-n", ns, f"{naming.LABEL_QUEUE}-")
+    wait_for(partial(running, cluster, ns, "leaver", 2), 60, "running outside the queue")
+    wait_for(lambda: workloads(cluster, ns) == [], 20, "its Workload deleted")

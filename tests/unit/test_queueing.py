@@ -13,7 +13,7 @@ from etoperator.api.models import JobSpec, parse_job
 from etoperator.planning import JobInput, PodView, plan_job
 from etoperator.planning.views import QueueView
 from tests.support.manifests import job, scaleout
-from tests.unit.test_planning import inp, launcher, running_status, scaler, w
+from tests.unit.test_planning import inp, jspec, launcher, running_status, scaler, w
 
 
 def qspec(**kw: Any) -> JobSpec:
@@ -145,3 +145,10 @@ def test_no_pod_is_ever_made_without_an_admission(
     assert plan.create_workers == [] and not plan.create_launcher
     assert sorted(plan.delete_pods) == sorted(p.name for p in pods)
     assert plan.status["phase"] == "Queued"
+
+
+def test_a_job_taken_out_of_its_queue_starts_a_run() -> None:
+    waiting = plan_job(queued(qspec(replicas=2), {}, [], QueueView(queue="lq"))).status
+    plan = plan_job(inp(jspec(replicas=2), waiting, []))
+    assert plan.create_workers == [0, 1]
+    assert cond(plan.status, "Queued")["reason"] == "LeftQueue"
