@@ -50,8 +50,13 @@ def workload(
         "count": workers,
         "template": pod_set_template(job_spec.worker.template),
     }
-    if replacing is None and job_spec.worker.min_replicas < workers:
-        worker_set["minCount"] = job_spec.worker.min_replicas
+    # Partial admission down to minReplicas; a gang job's never below its gang (fewer workers
+    # would hold quota for a gang the scheduler can never place).
+    least = job_spec.worker.min_replicas
+    if job_spec.gang is not None:
+        least = max(least, job_spec.gang.min_available)
+    if replacing is None and least < workers:
+        worker_set["minCount"] = least
     spec: dict[str, Any] = {
         "queueName": job_spec.queue,
         "podSets": [

@@ -14,6 +14,7 @@ import pytest
 from etoperator import naming
 from tests.harness import Cluster, wait_for
 from tests.support.manifests import job, scalein, scaleout
+from tests.support.queues import make_queue
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +95,33 @@ def test_a_lost_worker_of_a_placed_gang_is_replaced_without_waiting_for_the_grou
     assert bound(cluster, ns, "gl") == 2
     pending = cluster.condition(ns, "gl", "GangPending") or {}
     assert pending.get("status") != "True", pending
+
+
+def test_a_queued_gang_is_admitted_first_then_placed_whole_and_survives_a_suspension(
+    cluster: Cluster, ns: str
+) -> None:
+    """Beside Kueue: no pod until the queue admits the job, then the gang placed whole; a
+    suspension takes every pod away and the resumed run's workers join the group again."""
+    make_queue(cluster, ns, pods=2)  # not enough for a launcher and two workers
+    body = gang_job("gq", 2, cpu="100m")
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq"}
+    body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "100m"}
+    }
+    cluster.create(body, ns)
+    wait_for(lambda: (cluster.condition(ns, "gq", "Queued") or {}).get("status") == "True", 20,
+             "queued")  # fmt: skip
+    assert cluster.pods(ns, "gq", live=False) == []
+    cluster.kubectl("patch", "clusterqueue", f"cq-{ns}", "--type=json", "-p", json.dumps(
+        [{"op": "replace", "value": "300m",
+          "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota"}]))  # fmt: skip
+    wait_for(lambda: running(cluster, ns, "gq", 2), 60, "admitted, then placed whole")
+    group = naming.pod_group_name("gq")
+    for pod in cluster.pods(ns, "gq", role="worker"):
+        assert cluster.obj("Pod", ns, pod)["spec"]["schedulingGroup"] == {"podGroupName": group}
+    cluster.api.patch(naming.JOB_KIND, ns, "gq", {"spec": {"suspend": True}})
+    wait_for(lambda: cluster.phase(ns, "gq") == "Suspended" and not cluster.pods(ns, "gq"), 30,
+             "suspended")  # fmt: skip
+    cluster.api.patch(naming.JOB_KIND, ns, "gq", {"spec": {"suspend": False}})
+    wait_for(lambda: running(cluster, ns, "gq", 2), 90, "resumed, placed whole again")
+    assert bound(cluster, ns, "gq") == 2

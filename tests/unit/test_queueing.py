@@ -152,3 +152,15 @@ def test_a_job_taken_out_of_its_queue_starts_a_run() -> None:
     plan = plan_job(inp(jspec(replicas=2), waiting, []))
     assert plan.create_workers == [0, 1]
     assert cond(plan.status, "Queued")["reason"] == "LeftQueue"
+
+
+def test_a_gang_job_is_never_admitted_below_its_gang() -> None:
+    from etoperator.builders.common import Owner
+    from etoperator.builders.workload import workload
+
+    b = job("j", replicas=4, minReplicas=1)
+    b["metadata"].update(namespace="ns", uid="u", labels={"kueue.x-k8s.io/queue-name": "lq"})
+    b["spec"]["schedulingPolicy"] = {"minAvailable": 3}
+    body = workload(parse_job(b), Owner("TrainingJob", "j", "u"), "wl", 4)
+    worker = next(ps for ps in body["spec"]["podSets"] if ps["name"] == "worker")
+    assert worker["minCount"] == 3
