@@ -959,14 +959,17 @@ def g1(tmp: Path, rounds: int = 10, workers: int = 8) -> list[Row]:
                 wait_for(lambda: tl.seen(*(("bound", n) for n in names)), 60, f"{name} bound")  # noqa: B023
                 took[kind].append(max(tl.at[("bound", n)] for n in names) - t0)
                 c.kubectl("delete", "tj", name, "-n", ns, "--wait=true")
-        waited = g1_waiting(c, ns, tl)
+        try:
+            waited = fmt(g1_waiting(c, ns, tl))
+        except AssertionError as exc:  # said as the figure: the first part still counts
+            waited = f"failed: {str(exc)[:60]}"
         return [
             ("G1", f"job of {workers} created -> every worker bound, no gang p50 / p95",
              fmt(took["plain"]), ""),
             ("G1", "... with the gang (all or nothing) p50 / p95", fmt(took["gang"]),
              "within 1 s of no gang"),
             ("G1", "a waiting gang: room freed (the other job deleted) -> every worker bound",
-             fmt(waited), "<= 5 s"),
+             waited, "<= 5 s"),
         ]  # fmt: skip
     finally:
         c.stop()
