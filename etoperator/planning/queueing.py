@@ -144,6 +144,11 @@ def slice_name(d: Draft, sc: ScalerView) -> str:
     return f"{naming.workload_name(d.spec.name, d.spec.uid)}-{digest}"
 
 
+def admits(q: QueueView, workers: int) -> bool:
+    """Kueue has admitted this many workers: the current Workload, or a slice replacing it."""
+    return q.admitted_workers >= workers or (q.growing_admitted and q.growing_workers >= workers)
+
+
 def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
     """A ScaleOut of a queued job: None once Kueue has admitted the new size; else what it
     waits for."""
@@ -151,7 +156,7 @@ def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
     if q is None or not q.served:
         return None
     wanted = len(d.status.members)
-    if q.admitted_workers >= wanted or (q.growing_admitted and q.growing_workers >= wanted):
+    if admits(q, wanted):
         return None
     return f"waiting for queue {q.queue} to admit {workers(wanted)}: {q.growing_why or 'queued'}"
 
@@ -175,8 +180,7 @@ def held_by_quota(d: Draft) -> set[str]:
     ref = naming.parse_scaler_ref(str(d.status.current_scaler or ""))
     if q is None or ref is None or ref[0] != naming.SCALEOUT_KIND:
         return set()
-    wanted = len(d.status.members)
-    if q.admitted_workers >= wanted or (q.growing_admitted and q.growing_workers >= wanted):
+    if admits(q, len(d.status.members)):
         return set()
     return set(d.status.scaler_pods or [])
 

@@ -5,7 +5,6 @@ the first worker. The planner's side is planning/gangs.py."""
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 from etoperator import naming
@@ -16,6 +15,7 @@ from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning.views import GangView
+from etoperator.reconcile.state import Served
 
 SERVED_TTL = (300.0, 30.0)  # how long "the Workload API is served" is believed: (yes, no)
 
@@ -23,13 +23,9 @@ SERVED_TTL = (300.0, 30.0)  # how long "the Workload API is served" is believed:
 @dataclass
 class Gangs:
     kube: Kube
-    _served: tuple[float, bool] | None = None
 
-    def served(self) -> bool:
-        now = time.monotonic()
-        if self._served is None or now - self._served[0] > SERVED_TTL[not self._served[1]]:
-            self._served = (now, self.kube.serves(gang.API))
-        return self._served[1]
+    def __post_init__(self) -> None:
+        self.served = Served(self.kube, gang.API, SERVED_TTL)
 
     def view(self, obs: Observed, spec: JobSpec) -> GangView | None:
         if spec.gang is None:

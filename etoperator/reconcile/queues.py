@@ -89,21 +89,17 @@ def replaced(current: dict[str, Any], done: list[dict[str, Any]]) -> dict[str, A
 @dataclass
 class Queues:
     kube: Kube
-    _served: tuple[float, bool] | None = None
     _flavors: dict[str, tuple[float, Placement]] = field(default_factory=dict)
     # Per job (namespace/name/uid): why its last Workload could not be made (Kueue's webhook
     # not answering, a refusal), said on the job until one is made.
     _unmade: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.served = state.Served(self.kube, API, SERVED_TTL)
+
     def forget(self, prefix: str) -> None:
         for key in [k for k in self._unmade if k.startswith(prefix)]:
             self._unmade.pop(key)
-
-    def served(self) -> bool:
-        now = time.monotonic()
-        if self._served is None or now - self._served[0] > SERVED_TTL[not self._served[1]]:
-            self._served = (now, self.kube.serves(API))
-        return self._served[1]
 
     def view(self, obs: Observed, spec: JobSpec) -> QueueView | None:
         """The job's Workloads as the planner sees them; None when it is not queued."""

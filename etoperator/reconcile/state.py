@@ -207,3 +207,21 @@ class Keys:
         for held in (self.parsed, self.text):
             for k in [k for k in held if k.startswith(prefix) and k.endswith(f"/{secret}")]:
                 held.pop(k)
+
+
+@dataclass
+class Served:
+    """Whether the apiserver serves an API group version, asked by discovery and believed for
+    `ttl` seconds: (when it was, when it was not). An optional API (Kueue's, the Workload API)
+    is looked up once in a while, not on every pass."""
+
+    kube: Kube
+    group_version: str
+    ttl: tuple[float, float]
+    _last: tuple[float, bool] | None = None
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self._last is None or now - self._last[0] > self.ttl[not self._last[1]]:
+            self._last = (now, self.kube.serves(self.group_version))
+        return self._last[1]
