@@ -11,9 +11,11 @@ setup:
 clean:
 	hack/clean.sh
 
-# The whole default suite: lint, types, and every test tier that runs on one machine.
+# The whole default suite: lint, types, and every test tier that runs on one machine, side by
+# side in JOBS processes (each tier's cluster waits more than it computes; see tests/conftest.py).
+JOBS ?= 3
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(JOBS)
 
 lint:
 	$(VENV)/bin/ruff check etoperator localcluster tests bench examples

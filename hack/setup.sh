@@ -79,4 +79,16 @@ if [ ! -L .venv ] || [ "$(readlink .venv)" != "$venv" ]; then
     rm -rf .venv
     ln -s "$venv" .venv
 fi
+# A virtualenv of another lock (5 GB: torch with its CUDA libraries) goes once no set-up has
+# used it for two days: another checkout set up meanwhile keeps its own.
+touch "$venv/.used"
+for old in "$CACHE"/venvs/*/; do
+    old=${old%/}
+    [ "$old" != "$venv" ] && [ -d "$old" ] || continue
+    if [ -z "$(find "$old" -maxdepth 1 -name .used -mmin -2880)" ] \
+        && [ -z "$(find "$old" -maxdepth 1 -name .complete -mmin -2880)" ]; then
+        step "removing the virtualenv $old (not used for two days)"
+        rm -rf "$old"
+    fi
+done
 step "done ($(.venv/bin/python -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"

@@ -22,7 +22,7 @@ from localcluster import procs
 from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.hollow import HollowNodes
 from localcluster.kueue import Kueue
-from localcluster.network import SLOTS, Network, claim_slot, free_slots
+from localcluster.network import SLOTS, Network, claim_slot, free_slots, machine_lock
 from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
 from localcluster.nodes import Nodes, wait_ready
 
@@ -117,10 +117,11 @@ OPERATOR_LABEL = "app.kubernetes.io/name=etoperator"
 def last_cluster_stopped() -> None:
     """What local clusters share on this machine goes back once none runs: the sysctls the
     kubelets set, the directory that anchors their mount namespaces. (A cluster killed before
-    it could stop leaves them to the next one to stop.)"""
-    if len(list(free_slots())) == SLOTS:
-        restore_sysctls()
-        release_namespaces_dir()
+    it could stop leaves them to the next one to stop.) No cluster claims a slot meanwhile."""
+    with machine_lock("slots"):
+        if len(list(free_slots())) == SLOTS:
+            restore_sysctls()
+            release_namespaces_dir()
 
 
 def clear_killed_runs() -> list[int]:

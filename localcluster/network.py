@@ -43,15 +43,22 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
 
 
 @contextlib.contextmanager
-def netns_lock() -> Iterator[None]:
-    """Held by whoever adds the first namespace or removes the last (slots run side by side)."""
+def machine_lock(name: str) -> Iterator[None]:
+    """One of this machine's locks among clusters running side by side (their own processes):
+    `netns` by whoever adds the first network namespace or removes the last; `slots` by whoever
+    claims a slot or asks whether any is held (so that no cluster starts while the last one to
+    stop puts back what they share)."""
     LOCKS.mkdir(parents=True, exist_ok=True)
-    fd = os.open(LOCKS / "netns.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(LOCKS / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
+
+
+def netns_lock() -> contextlib.AbstractContextManager[None]:
+    return machine_lock("netns")
 
 
 def is_mount_point(path: Path) -> bool:
@@ -101,15 +108,15 @@ def free_slots() -> Iterator[int]:
 def claim_slot() -> tuple[int, int]:
     """The first slot no running cluster holds, and the descriptor of its lock (held until this
     process ends, or closed). What a killed run left in the slot is the new owner's to clear."""
-    LOCKS.mkdir(parents=True, exist_ok=True)
-    for k in range(SLOTS):
-        fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return k, fd
+    with machine_lock("slots"):
+        for k in range(SLOTS):
+            fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return k, fd
     raise RuntimeError(f"all {SLOTS} local cluster slots are in use ({LOCKS})")
 
 

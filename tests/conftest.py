@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     rep = outcome.get_result()  # type: ignore[attr-defined]
     setattr(item, "rep_" + rep.when, rep)
+
+
+# `make test` runs the tiers side by side (pytest-xdist, `-n`): most of a tier's time is waiting
+# on clusters, not computing. A group runs on one worker process, in order, sharing what that
+# process makes once: each fullchain module starts its own chain; the integration tier is split
+# in two halves of about seven minutes each (by a whole run's durations), each with its own
+# cluster (a package fixture is made once per process). Unit tests go wherever there is room.
+INTEGRATION_HALF_A = {
+    "test_crash.py", "test_horovod.py", "test_kueue.py", "test_leader.py", "test_gangs.py",
+}  # fmt: skip
+
+
+def group_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) == 3 and parts[1] == "fullchain":
+        return path
+    if len(parts) == 3 and parts[1] == "integration":
+        return "integration-" + ("a" if parts[2] in INTEGRATION_HALF_A else "b")
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        """Tests of one group to one worker; the largest groups handed out first."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return ByGroup(config, log)

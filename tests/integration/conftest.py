@@ -10,8 +10,8 @@ from tests.harness import Cluster, start_cluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Two real nodes (one test needs a pod on a node of its own), Kueue, and the operator; gone
-    before the full chain starts, which then takes the same slot and image stores."""
+    """Two real nodes (one test needs a pod on a node of its own), Kueue, and the operator. One
+    per worker process of the suite (tests/conftest.py), each in a slot of its own."""
     why = real_nodes_missing()
     if why:
         pytest.fail(why)

@@ -111,7 +111,8 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
     cluster.create(scalein("b-less", "b", count=1), ns)
     wait_for(lambda: cluster.phase(ns, "b-less", "ScaleIn") == "ScaleSucceeded", 30)
     wait_for(lambda: cluster.phase(ns, "a-again", "ScaleOut") == "ScaleSucceeded", 60)
-    assert running(cluster, ns, "a", 3) and running(cluster, ns, "b", 1)
+    for name, size in (("a", 3), ("b", 1)):
+        assert running(cluster, ns, name, size), (cluster.status(ns, name), cluster.hosts(ns, name))
     assert admitted_workers(cluster, ns, "a") == 3
     (wl_b,) = live_workloads(cluster, ns, "b")
     worker_set = next(ps for ps in wl_b["spec"]["podSets"] if ps["name"] == "worker")
