@@ -31,12 +31,13 @@ from typing import Any
 import yaml
 
 from etoperator import naming
-from localcluster import procs
+from localcluster import digits, procs
 from localcluster.cluster import OPERATOR_USER
+from localcluster.manifests import job, scalein, scaleout
 from localcluster.tour import EXAMPLE as TOUR_EXAMPLE
 from localcluster.tour import JOB as TOUR_JOB
 from localcluster.tour import Training
-from tests.harness import (
+from localcluster.world import (
     ROOT,
     Chain,
     Hollow,
@@ -45,8 +46,6 @@ from tests.harness import (
     start_hollow,
     wait_for,
 )
-from tests.support import digits
-from tests.support.manifests import job, scalein, scaleout
 
 Row = tuple[str, str, str, str]
 GROUP, VERSION = "kai.alibabacloud.com", "v1alpha1"

@@ -33,20 +33,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # on clusters, not computing. A group runs on one worker process, in order, sharing what that
 # process makes once: each fullchain module starts its own chain; the integration tier is split
 # in two halves of about seven minutes each (by a whole run's durations), each with its own
-# cluster (a package fixture is made once per process). Unit tests go wherever there is room.
+# cluster (a package fixture is made once per process); unit modules go wherever there is room.
 INTEGRATION_HALF_A = {
     "test_crash.py", "test_horovod.py", "test_kueue.py", "test_leader.py", "test_gangs.py",
 }  # fmt: skip
 
 
 def group_of(nodeid: str) -> str:
+    """Its module, but for the integration tier's two halves (a module's fixtures, such as the
+    unit tier's sshd, are made once, by one process)."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    if len(parts) == 3 and parts[1] == "fullchain":
-        return path
     if len(parts) == 3 and parts[1] == "integration":
         return "integration-" + ("a" if parts[2] in INTEGRATION_HALF_A else "b")
-    return nodeid
+    return path
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from localcluster import digits
 from tests.harness import Chain
-from tests.support import digits, samples
+from tests.support import samples
 
 pytestmark = pytest.mark.fullchain
 EPOCHS = digits.EPOCHS

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.manifests import job, scalein, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
 
 pytestmark = pytest.mark.integration
 Manifest = dict[str, Any]

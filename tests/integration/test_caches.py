@@ -12,8 +12,8 @@ import pytest
 from etoperator import naming
 from etoperator.builders.common import Owner
 from localcluster.cluster import OPERATOR_USER
+from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scaleout
 from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration

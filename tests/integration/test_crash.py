@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from etoperator import naming
+from localcluster.manifests import job, scalein, scaleout
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration

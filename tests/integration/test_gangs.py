@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from etoperator import naming
+from localcluster.manifests import job, scalein, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
 from tests.support.queues import make_queue
 
 pytestmark = pytest.mark.integration

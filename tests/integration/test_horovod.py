@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from localcluster.manifests import IMAGE, job, scalein, scaleout
 from localcluster.tour import Training
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import IMAGE, job, scalein, scaleout
 from tests.support.waits import settled
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from etoperator import naming
+from localcluster.manifests import scalein, scaleout
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import scalein, scaleout
 from tests.support.queues import (
     KUEUE,
     admitted_workers,

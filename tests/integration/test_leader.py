@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 
 from localcluster.cluster import OperatorProcess
+from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scaleout
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.manifests import REFUSE_KEY, job
 from tests.harness import Cluster, Timeout, wait_for
-from tests.support.manifests import REFUSE_KEY, job
 from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from localcluster.manifests import IMAGE
 from localcluster.node import image_name
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import IMAGE
 
 pytestmark = pytest.mark.integration
 HOST_IPAM = Path("/var/lib/cni/networks")

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from localcluster.manifests import job, scalein
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scalein
 
 pytestmark = pytest.mark.integration
 

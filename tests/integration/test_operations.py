@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scaleout
 from tests.support.waits import running, scrape
 
 pytestmark = pytest.mark.integration

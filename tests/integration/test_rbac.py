@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from localcluster.cluster import OPERATOR_USER
+from localcluster.manifests import job, scalein, scaleout
 from tests.harness import ROOT, Cluster, wait_for
-from tests.support.manifests import job, scalein, scaleout
 from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 
 pytestmark = pytest.mark.integration

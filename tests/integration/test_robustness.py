@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import job, scaleout
 from tests.support.relay import Relay
 from tests.support.waits import running
 

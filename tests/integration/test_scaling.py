@@ -15,8 +15,8 @@ import paramiko
 import pytest
 
 from etoperator.sshcheck import SSHProber
+from localcluster.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
 from tests.support.waits import running, settled
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from etoperator import naming
+from localcluster.manifests import job
 from tests.harness import World
-from tests.support.manifests import job
 
 MILLICPU = 100  # each pod's request, unless a test says otherwise
 KUEUE = "kueue.x-k8s.io/v1beta2"

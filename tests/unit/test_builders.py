@@ -10,7 +10,7 @@ from etoperator import naming
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.builders import config, pods, rbac, ssh
 from etoperator.builders.common import Owner, is_controlled_by
-from tests.support.manifests import job
+from localcluster.manifests import job
 
 OWNER = Owner("TrainingJob", "j", "uid-1")
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$|^[A-Z]|[./-]")

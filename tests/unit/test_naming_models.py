@@ -10,7 +10,7 @@ import pytest
 from etoperator import naming
 from etoperator.api.fields import InvalidSpec
 from etoperator.api.models import parse_job, parse_scaler
-from tests.support.manifests import job, scalein, scaleout
+from localcluster.manifests import job, scalein, scaleout
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from etoperator.planning import (
     replaces,
     victims_by_count,
 )
-from tests.support.manifests import job, scalein, scaleout
+from localcluster.manifests import job, scalein, scaleout
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 

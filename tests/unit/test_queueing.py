@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.planning import JobInput, PodView, plan_job
 from etoperator.planning.views import QueueView
-from tests.support.manifests import job, scaleout
+from localcluster.manifests import job, scaleout
 from tests.unit.test_planning import inp, jspec, launcher, running_status, scaler, w
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
-from tests.support.manifests import scalein, scaleout
+from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, jspec, launcher, running_status, scaler, w
 
 

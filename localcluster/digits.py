@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from tests.harness import ROOT, Chain, wait_for
+from localcluster.world import ROOT, Chain, wait_for
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each

@@ -1,5 +1,5 @@
-"""Manifests used by the integration tests: pods of the training image that hold until a test
-ends them (see the gates below), on the local cluster's real nodes."""
+"""Jobs and scalers as the tests and the benchmarks make them: pods of the training image that
+hold until a test ends them (see the gates below), on the local cluster's real nodes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,227 @@
+"""The local cluster's face for whoever drives one from Python (the tests, the benchmarks):
+`World` reads and writes the world as a client would, in three shapes on the real control
+plane: `Chain` (real nodes, the operator deployed from deploy/), `Hollow` (kubemark's hollow
+nodes and the operator as a process: thousands of pods that run nothing), and the tests'
+`Cluster` (tests/harness.py: real nodes, the operator behind a fault proxy). `wait_for` polls
+a condition with a deadline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from etoperator import kube, naming
+from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
+from localcluster.controlplane import ControlPlane
+from localcluster.hollow import HollowNodes
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def wait_for(
+    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
+) -> T:
+    """Poll `fn` until it returns something truthy; fail with the last value after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = fn()
+        except (kube.ApiError, KeyError, IndexError, TypeError) as exc:
+            last = exc
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() > deadline:
+            raise Timeout(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+def start_hollow(
+    tmp: Path, nodes: int, max_pods: int, extra: list[str], kueue: bool = False
+) -> Hollow:
+    """The real control plane with kube-scheduler, hollow nodes (kubemark), Kueue if asked, and
+    the operator as a real process under its deploy/ RBAC: thousands of pods that run nothing."""
+    local = LocalCluster(
+        tmp, hollow=nodes, max_pods=max_pods, operator_args=list(extra), kueue=kueue
+    )
+    try:
+        local.start()
+    except BaseException:
+        local.stop()
+        raise
+    assert local.cp is not None and local.operator is not None
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Hollow(local, local.kubeconfig, api, local.cp, local.operator)
+
+
+def start_chain(tmp: Path, nodes: int = 1) -> Chain:
+    """The full chain: the real control plane, real nodes (containerd, kubelet, kube-proxy,
+    kube-scheduler, CoreDNS) and the operator as deploy/ installs it. A plain cluster: no
+    Kueue, no Workload API (what a job asking for either meets on most clusters)."""
+    local = LocalCluster(tmp, nodes=nodes, deploy=True, workload_api=False)
+    try:
+        local.start()
+    except BaseException:
+        local.stop()
+        raise
+    assert local.deployed is not None
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Chain(local, local.kubeconfig, api, local.deployed)
+
+
+@dataclass
+class World:
+    local: LocalCluster
+    kubeconfig: Path
+    api: kube.Kube
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return self.local.run_kubectl(*args, input=input, check=check)
+
+    def kubectl_create(self, ns: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        """`kubectl create -f -` as a user would (validation on)."""
+        return self.kubectl(
+            "create",
+            "-n",
+            ns,
+            "-f",
+            "-",
+            input=yaml.safe_dump(manifest),
+            check=False,
+        )
+
+    def stop(self) -> None:
+        self.local.stop()
+
+    def new_namespace(self) -> str:
+        name = f"t-{uuid.uuid4().hex[:8]}"
+        self.kubectl("create", "namespace", name)
+        self.local.wait_namespace_ready(name)
+        return name
+
+    # -- reading the world ----------------------------------------------------------------
+
+    def obj(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        """An object that must exist."""
+        got = self.api.get(kind, ns, name)
+        assert got is not None, f"{kind} {ns}/{name} is gone"
+        return got
+
+    def job(self, ns: str, name: str) -> dict[str, Any]:
+        obj = self.api.get(naming.JOB_KIND, ns, name)
+        assert obj is not None, f"job {ns}/{name} is gone"
+        return obj
+
+    def status(self, ns: str, name: str, kind: str = naming.JOB_KIND) -> dict[str, Any]:
+        obj = self.api.get(kind, ns, name)
+        return (obj or {}).get("status") or {}
+
+    def phase(self, ns: str, name: str, kind: str = naming.JOB_KIND) -> str:
+        return str(self.status(ns, name, kind).get("phase") or "")
+
+    def pods(self, ns: str, job: str, role: str | None = None, live: bool = True) -> list[str]:
+        labels = {naming.LABEL_JOB: job}
+        if role:
+            labels[naming.LABEL_ROLE] = role
+        pods = self.api.list("Pod", ns, naming.selector(labels))
+        if live:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return sorted(p["metadata"]["name"] for p in pods)
+
+    def pod_log(self, ns: str, name: str) -> str:
+        """What the pod's container printed so far (real nodes: read from the node's files)."""
+        return self.local.pod_log(ns, name)
+
+    def exec(
+        self, ns: str, pod: str, *argv: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """`kubectl exec -i` into the pod's first container."""
+        return self.kubectl("exec", "-i", "-n", ns, pod, "--", *argv, input=input, check=check)
+
+    def kill(self, ns: str, name: str) -> None:
+        """Every process of the pod's containers SIGKILLed: its node sees them die."""
+        self.local.kill_pod(ns, name)
+
+    def disrupt(self, ns: str, name: str) -> None:
+        """A DisruptionTarget condition, as the control plane sets it before a preemption."""
+        cond = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "PreemptionByScheduler",
+            "message": "preempted to make room for a pod of higher priority",
+        }
+        self.kubectl(
+            "patch", "pod", name, "-n", ns, "--subresource=status", "--type=strategic",
+            "-p", json.dumps({"status": {"conditions": [cond]}}),
+        )  # fmt: skip
+
+    def hosts(self, ns: str, job: str) -> list[str]:
+        cm = self.api.get("ConfigMap", ns, naming.config_map_name(job))
+        text = ((cm or {}).get("data") or {}).get(naming.HOSTFILE_KEY, "")
+        return [line.rsplit(":", 1)[0] for line in text.splitlines() if line]
+
+    def events(self, ns: str, name: str | None = None) -> list[dict[str, Any]]:
+        evs = self.api.list("Event", ns)
+        return [e for e in evs if name is None or e["involvedObject"].get("name") == name]
+
+    def wait_event(
+        self, ns: str, name: str, reason: str | None = None, etype: str | None = None
+    ) -> dict[str, Any]:
+        """The first Event about `name` of that reason (and type): the operator posts events
+        just after the write they tell of, so a test that saw the write waits a moment."""
+        found = wait_for(
+            lambda: [
+                e
+                for e in self.events(ns, name)
+                if reason in (None, e["reason"]) and etype in (None, e["type"])
+            ],
+            5,
+            f"a {reason or etype} event about {name}",
+        )
+        return found[0]
+
+    def condition(
+        self, ns: str, name: str, ctype: str, kind: str = naming.JOB_KIND
+    ) -> dict[str, Any] | None:
+        for c in self.status(ns, name, kind).get("conditions") or []:
+            if c.get("type") == ctype:
+                return dict(c)
+        return None
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def create(self, manifest: dict[str, Any] | str, ns: str) -> dict[str, Any]:
+        obj = yaml.safe_load(manifest) if isinstance(manifest, str) else manifest
+        obj.setdefault("metadata", {})["namespace"] = ns
+        return self.api.create(obj)
+
+
+@dataclass
+class Hollow(World):
+    cp: ControlPlane
+    operator: OperatorProcess
+
+    def nodes(self) -> list[str]:
+        return [HollowNodes.name(i) for i in range(self.local.hollow)]
+
+
+@dataclass
+class Chain(World):
+    operator: DeployedOperator
