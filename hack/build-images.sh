@@ -25,6 +25,7 @@ mkdir -p "$OUT"
 # demo) wait for the first to finish instead of building the same image twice.
 exec 9>"$OUT/.build.lock"
 flock 9
+rm -f "$OUT"/*.part  # what a build killed midway left (none runs now: the lock is ours)
 start=$SECONDS
 say() { echo "build-images: $* ($((SECONDS - start)) s)" >&2; }
 BUD=(buildah bud --isolation chroot --network host --pull=never --layers --quiet)
