@@ -28,7 +28,7 @@ import yaml
 
 from localcluster import procs
 from localcluster.controlplane import ControlPlane
-from localcluster.network import LOCKS, NETNS_DIR, Network
+from localcluster.network import LOCKS, NETNS_DIR, Network, free_slots
 
 GLOBAL_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
 CGROUP = Path("/sys/fs/cgroup")
@@ -144,11 +144,12 @@ class RealNode:
         self._enter = [
             "nsenter", f"--net={NETNS_DIR / netns}", f"--mount={self._mnt}", "--",
         ]  # fmt: skip
-        self._seed_store()
-        self._containerd()
-        self._clear_leftovers()
-        if self._import_images():
-            self._refresh_seed()
+        with self._import_turn():
+            self._seed_store()
+            self._containerd()
+            self._clear_leftovers()
+            if self._import_images():
+                self._refresh_seed()
         self._kubelet()
         self._kube_proxy()
         return self
@@ -219,8 +220,7 @@ class RealNode:
         """Each archive once per store (its name carries the hash of what it was built from),
         and again if its image went missing from the store. Its layers are kept unpacked only:
         the packed copy would double the store (6 GB more for the training image)."""
-        # "-unpacked": stores filled before layers were discarded are imported into once more.
-        done_file = self.store_root.parent / "imported-unpacked"
+        done_file = self.store_root.parent / IMPORTED
         done = set(done_file.read_text().split()) if done_file.exists() else set()
         present = set(self.ctr("images", "ls", "-q").stdout.split())
         imported = False
@@ -240,18 +240,40 @@ class RealNode:
         return self.store.parent / "seed" if self.store is not None else None
 
     def _seed_store(self) -> None:
-        """A node's new store is made from the seed by hard links: an image's unpacked layers
-        are files no container writes (each container writes to a layer of its own), so every
+        """A node's store is made from the seed by hard links: an image's unpacked layers are
+        files no container writes (each container writes to a layer of its own), so every
         store can share them, and a new store needs no import (two minutes and 6 GB for the
-        training image, once per node of every cluster slot)."""
+        training image, once per node of every cluster slot). A store that lacks an image the
+        seed has (an image rebuilt since) is made again from the seed: it is only a cache, and
+        no cluster but this node's uses it (its slot is held)."""
         seed, store = self.seed, self.store
-        if seed is None or store is None or (store / SHARED).exists():
+        if seed is None or store is None or self._current(store):
             return
         with _locked(seed.with_name("seed.lock")):
-            # A store filled on its own (before seeds) is dropped for a shared one: it is only
-            # a cache, and no cluster but this node's uses it (its slot is held).
-            if (seed / "root").is_dir():
-                _link_copy(seed, store)
+            if not (seed / "root").is_dir():
+                return
+            if (store / SHARED).exists() and not self._current(seed):
+                return  # as close to current as the seed, and shared already: import here
+            shutil.rmtree(store, ignore_errors=True)
+            _link_copy(seed, store)
+
+    def _current(self, store: Path) -> bool:
+        """Whether `store` holds every image this node runs (by the archives imported)."""
+        done = store / IMPORTED
+        imported = set(done.read_text().split()) if done.exists() else set()
+        return {archive.name for archive in self.images} <= imported
+
+    @contextlib.contextmanager
+    def _import_turn(self) -> Iterator[None]:
+        """While a store must import (no store is current yet: an image was rebuilt), one node
+        of this machine imports at a time: the next ones find the seed current once the first
+        has refreshed it, and link instead of importing the same 6 GB again."""
+        seed, store = self.seed, self.store
+        if seed is None or store is None or self._current(store) or self._current(seed):
+            yield
+            return
+        with _locked(seed.with_name("import.lock")):
+            yield
 
     def _refresh_seed(self) -> None:
         """After an import, the seed becomes a copy of this store (made while no pod ran yet),
@@ -271,6 +293,7 @@ class RealNode:
             _link_copy(store, fresh)
             shutil.rmtree(seed, ignore_errors=True)
             fresh.rename(seed)
+            _prune_idle_stores(seed.parent)
 
     def _drop_replaced_images(self) -> None:
         """Images a newer import under the same name replaced (each rebuild of the operator's
@@ -424,6 +447,9 @@ def forget_slot_cni_results(slot: int) -> bool:
 
 
 SHARED = "shared"  # in a store made from the seed, or one the seed was made from
+# The archives imported into a store (their names carry the hash of what they were built from).
+# "-unpacked": stores filled before layers were discarded are imported into once more.
+IMPORTED = "imported-unpacked"
 
 
 def _link_copy(src: Path, dst: Path) -> None:
@@ -445,6 +471,15 @@ def _link_copy(src: Path, dst: Path) -> None:
     for store in (src, tmp):
         (store / SHARED).touch()
     tmp.rename(dst)
+
+
+def _prune_idle_stores(stores: Path) -> None:
+    """The stores of slots no cluster holds, once the seed has moved on (an image rebuilt):
+    what only they kept is an old image (6 GB); a node of such a slot is made again from the
+    seed, in seconds. Called with the seed's lock held."""
+    for slot in free_slots():
+        for store in stores.glob(f"etok{slot}-n*"):
+            shutil.rmtree(store, ignore_errors=True)
 
 
 @contextlib.contextmanager

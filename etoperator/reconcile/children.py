@@ -263,70 +263,91 @@ class Children:
                 return False, []
             return False, [f"{kind} {name} exists and is not owned by this job; not touching it"]
 
-    def act(self, obs: Observed, spec: JobSpec, plan: Plan) -> Acted:
-        """Host list first, then deletions, Services and pods (at once), the launcher, scalers."""
+    # -- the pass's child writes (planning/writes.py), each run by the reconciler in order ----
+
+    def publish(self, obs: Observed, spec: JobSpec, hosts: tuple[str, ...]) -> None:
+        """The host list, when it differs from the ConfigMap's (before any pod is deleted)."""
+        if obs.configmap is None:
+            return
+        data = config.config_data(spec.name, spec.namespace, list(hosts), spec.slots_per_worker)
+        if (obs.configmap.get("data") or {}) == data:
+            return
+        cm = naming.config_map_name(spec.name)
+        self.kube.patch("ConfigMap", spec.namespace, cm, {"data": data})
+        metrics.HOST_UPDATES.inc()
+        log.info(
+            "Updated host list namespace=%s job=%s hosts=%s",
+            spec.namespace, spec.name, ",".join(hosts),
+        )  # fmt: skip
+
+    def delete_pod(self, obs: Observed, spec: JobSpec, pod_name: str, now: bool) -> None:
+        """Deleted as the pod observed (its uid): a victim whose drain timed out is stopped now,
+        as its preStop hook would wait for Horovod again, for the pod's whole grace period."""
+        pod = next((p for p in obs.pods if p["metadata"]["name"] == pod_name), {})
+        uid = pod.get("metadata", {}).get("uid")
+        if self.kube.delete(
+            "Pod", spec.namespace, pod_name, uid, grace=KILL_GRACE if now else None
+        ):
+            log.info("Deleted Pod namespace=%s name=%s", spec.namespace, pod_name)
+
+    def worker_objects(
+        self,
+        obs: Observed,
+        spec: JobSpec,
+        plan: Plan,
+        services: tuple[str, ...],
+        indices: tuple[int, ...],
+    ) -> Acted:
+        """Services no longer wanted deleted; wanted Services and the new workers' pods created
+        at once; what was in the way, and which worker names others' pods hold."""
         ns, name = spec.namespace, spec.name
         owner = Owner(naming.JOB_KIND, name, spec.uid)
-        # 4. host list before any pod is deleted.
-        if plan.hosts is not None and obs.configmap is not None:
-            data = config.config_data(name, ns, plan.hosts, spec.slots_per_worker)
-            if (obs.configmap.get("data") or {}) != data:
-                self.kube.patch("ConfigMap", ns, naming.config_map_name(name), {"data": data})
-                metrics.HOST_UPDATES.inc()
-                log.info(
-                    "Updated host list namespace=%s job=%s hosts=%s", ns, name, ",".join(plan.hosts)
-                )
-        by_name = {p["metadata"]["name"]: p for p in obs.pods}
-        for pod_name in plan.delete_pods:
-            uid = (by_name.get(pod_name) or {}).get("metadata", {}).get("uid")
-            # A victim whose drain timed out is stopped now: its preStop hook would wait for
-            # Horovod again, for the pod's whole grace period.
-            grace = KILL_GRACE if pod_name in plan.stop_now else None
-            if self.kube.delete("Pod", ns, pod_name, uid, grace=grace):
-                log.info("Deleted Pod namespace=%s name=%s", ns, pod_name)
-        secret = spec.ssh_secret or naming.secret_name(name)
-        # Only pod builders need it, and for a user's Secret it costs a GET: ask when building.
-        keys = (
-            self._secret_keys(spec, secret)
-            if plan.create_workers or plan.create_launcher
-            else ssh.OWN_KEYS
-        )
-        problems: list[str] = []
-        existing_services = {s["metadata"]["name"]: s for s in obs.services}
-        for svc_name, svc in existing_services.items():
-            if svc_name not in plan.services:
+        existing = {s["metadata"]["name"]: s for s in obs.services}
+        for svc_name, svc in existing.items():
+            if svc_name not in services:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
         unseen = self.writes.unseen(obs)
-        services = [
+        made = [
             pods.worker_service(spec, owner, windex)
-            for svc_name in plan.services
-            if svc_name not in existing_services
+            for svc_name in services
+            if svc_name not in existing
             and ("Service", svc_name) not in unseen
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
+        secret, keys = self._pod_keys(spec, bool(indices))
+        where = plan.placement.get(WORKER_SET, ANYWHERE)
         workers = [
-            pods.worker_pod(spec, owner, i, secret, keys, plan.placement.get(WORKER_SET, ANYWHERE))
-            for i in plan.create_workers
+            pods.worker_pod(spec, owner, i, secret, keys, where)
+            for i in indices
             if ("Pod", naming.worker_name(name, i)) not in unseen
         ]
         found = in_parallel(
-            self.pool, [partial(self.create_child, obs, obj) for obj in services + workers]
+            self.pool, [partial(self.create_child, obs, obj) for obj in made + workers]
         )
-        problems += [p for each in found for p in each]
-        in_the_way = found[len(services) :]
-        squatted = [w["metadata"]["name"] for w, p in zip(workers, in_the_way, strict=True) if p]
-        if plan.create_launcher and ("Pod", naming.launcher_name(name)) not in unseen:
-            run = JobStatus.from_dict(plan.status).restart_count or 0
-            where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
-            launcher = pods.launcher_pod(spec, owner, secret, keys, run, where)
-            problems += self.create_child(obs, launcher)
-        for wanted in plan.create_scalers:
-            problems += self.create_replicas_scaler(obs, spec, owner, wanted)
-        return Acted(problems, squatted)  # said on the job by the next pass
+        squatted = [
+            w["metadata"]["name"] for w, p in zip(workers, found[len(made) :], strict=True) if p
+        ]
+        return Acted([p for each in found for p in each], squatted)
+
+    def launcher(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
+        if ("Pod", naming.launcher_name(spec.name)) in self.writes.unseen(obs):
+            return []
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        secret, keys = self._pod_keys(spec, True)
+        run = JobStatus.from_dict(plan.status).restart_count or 0
+        where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
+        return self.create_child(obs, pods.launcher_pod(spec, owner, secret, keys, run, where))
+
+    def _pod_keys(self, spec: JobSpec, building: bool) -> tuple[str, frozenset[str]]:
+        """The Secret pods mount and its data names (for a user's Secret a GET: only asked
+        when a pod is built)."""
+        secret = spec.ssh_secret or naming.secret_name(spec.name)
+        return secret, self._secret_keys(spec, secret) if building else ssh.OWN_KEYS
 
     def create_replicas_scaler(
-        self, obs: Observed, spec: JobSpec, owner: Owner, wanted: dict[str, Any]
+        self, obs: Observed, spec: JobSpec, wanted: dict[str, Any]
     ) -> list[str]:
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         body = scalers.replicas_scaler(spec.namespace, owner, wanted)
         try:
             self.kube.create(body)

@@ -19,7 +19,7 @@ import concurrent.futures
 import copy
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api.fields import DEFAULT_MAX_WORKERS
+from etoperator.api.models import JobSpec
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
 from etoperator.builders.common import Owner
@@ -34,6 +35,22 @@ from etoperator.cache import Observed
 from etoperator.clock import iso, utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
+from etoperator.planning.writes import (
+    STATUS_WRITES,
+    AdoptScaler,
+    DeletePod,
+    HostList,
+    JobStatusWrite,
+    MakeGang,
+    MakeLauncher,
+    MakeScaler,
+    QueueWrites,
+    ScalerStatus,
+    SpecReplicas,
+    WorkerObjects,
+    Write,
+    ordered,
+)
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.observe import Observer, scaler_view
@@ -288,60 +305,85 @@ class JobReconciler:
         return new
 
     def act(self, obs: Observed, inp: JobInput, plan: Plan, took: dict[str, float]) -> None:
+        """The pass's writes (planning/writes.py), in their one order: the statuses, then the
+        pass's events, then the children; the scripts, off the pass."""
+        spec = inp.spec
+        queued = spec is not None and bool(spec.queue or obs.workloads)
+        writes = ordered(plan, obs.job.get("status") or {}, spec is not None and not inp.hold,
+                         queued)  # fmt: skip
+        statuses = [w for w in writes if isinstance(w, STATUS_WRITES)]
         with metrics.pass_step(took, "writes"):
-            self.write_plan(obs, inp, plan)
-        if inp.spec is None or inp.hold:
+            self.run_status_writes(obs, inp, plan, statuses)
+            self.post_events(obs, inp, plan)
+        if spec is None or inp.hold:
             return
         with metrics.pass_step(took, "children"):
-            jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
-            if plan.make_gang:  # before the workers that join it
-                self.gangs.make(inp.spec)
-            acted = self.children.act(obs, inp.spec, plan)
-            if inp.spec.queue or obs.workloads:
-                acted.problems += self.queues.act(obs, inp.spec, plan)
-            self._acted[jid] = acted
+            acted = Acted()
+            for w in writes[len(statuses) :]:
+                self.run_child_write(obs, spec, plan, w, acted)
+            self._acted[job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])] = acted
             self.scripts.run(obs, plan)
 
-    def write_plan(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
-        """Scalers adopted, scaler statuses, the job status and spec replicas, in that order;
-        then the pass's events, handed to the recorder."""
+    def run_status_writes(
+        self, obs: Observed, inp: JobInput, plan: Plan, writes: Sequence[Write]
+    ) -> None:
+        """Scalers adopted and their statuses (frozen plans first), the job status, the spec
+        replicas it accepted; each preconditioned on the version read (a 409 ends the pass)."""
         job = obs.job
-        by_kind_name = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
-        # 0. scalers get a controller reference to their job (so they go with it).
-        owner = Owner(naming.JOB_KIND, inp.name, job["metadata"]["uid"])
-        for kind_name in plan.adopt_scalers:
-            refs = by_kind_name[kind_name]["metadata"].get("ownerReferences") or []
-            others = [r for r in refs if not r.get("controller")]
-            by_kind_name[kind_name] = self.write(
-                by_kind_name[kind_name],
-                {"metadata": {"ownerReferences": [*others, owner.reference()]}},
-            )
-        # 1. scaler statuses (frozen plans first).
-        for kind_name, new in plan.scaler_status.items():
-            old = by_kind_name[kind_name].get("status") or {}
-            self.write(by_kind_name[kind_name], {"status": merge_patch(old, new)}, sub="status")
+        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        latest = job
+        for w in writes:
+            if isinstance(w, AdoptScaler):
+                refs = scalers[w.kind_name]["metadata"].get("ownerReferences") or []
+                owner = Owner(naming.JOB_KIND, inp.name, job["metadata"]["uid"])
+                others = [r for r in refs if not r.get("controller")]
+                change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
+                scalers[w.kind_name] = self.write(scalers[w.kind_name], change)
+            elif isinstance(w, ScalerStatus):
+                old = scalers[w.kind_name].get("status") or {}
+                self.write(scalers[w.kind_name], {"status": merge_patch(old, w.status)}, "status")
+            elif isinstance(w, JobStatusWrite):
+                change = {"status": merge_patch(job.get("status") or {}, w.status)}
+                latest = self.write(job, change, sub="status")
+            elif isinstance(w, SpecReplicas):
+                replicas = {"worker": {"replicas": w.replicas}}
+                self.write(
+                    {**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}}
+                )
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
-        # 2. job status, then 3. the spec replicas it has accepted (replicasBefore marks them
-        # as ours until they land, so a crash between the two is never read as `kubectl scale`).
-        old_status = job.get("status") or {}
-        latest = job
-        if plan.status != old_status:
-            status = merge_patch(old_status, plan.status)
-            latest = self.write(job, {"status": status}, sub="status")
-        if plan.spec_replicas is not None:
-            replicas = {"worker": {"replicas": plan.spec_replicas}}
-            self.write({**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
-        ns, name = inp.namespace, inp.name
-        about = [(job, ev) for ev in plan.events]
-        about += [
-            (by_kind_name[kind_name], ev)
-            for kind_name, evs in plan.scaler_events.items()
-            for ev in evs
-        ]
+
+    def run_child_write(
+        self, obs: Observed, spec: JobSpec, plan: Plan, w: Write, acted: Acted
+    ) -> None:
+        """One write of the job's children; what stood in the way goes into `acted` (said on
+        the job by its next pass)."""
+        if isinstance(w, MakeGang):
+            self.gangs.make(spec)
+        elif isinstance(w, HostList):
+            self.children.publish(obs, spec, w.hosts)
+        elif isinstance(w, DeletePod):
+            self.children.delete_pod(obs, spec, w.name, w.now)
+        elif isinstance(w, WorkerObjects):
+            made = self.children.worker_objects(obs, spec, plan, w.services, w.indices)
+            acted.problems += made.problems
+            acted.squatted += made.squatted
+        elif isinstance(w, MakeLauncher):
+            acted.problems += self.children.launcher(obs, spec, plan)
+        elif isinstance(w, MakeScaler):
+            acted.problems += self.children.create_replicas_scaler(obs, spec, w.wanted)
+        elif isinstance(w, QueueWrites):
+            acted.problems += self.queues.act(obs, spec, plan)
+
+    def post_events(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
+        """The pass's events, after the status writes they tell of, handed to the recorder."""
+        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        about = [(obs.job, ev) for ev in plan.events]
+        about += [(scalers[k], ev) for k, evs in plan.scaler_events.items() for ev in evs]
         for ev in plan.events:
-            log.info("%s namespace=%s job=%s message=%r", ev.reason, ns, name, ev.message)
+            log.info("%s namespace=%s job=%s message=%r", ev.reason, inp.namespace, inp.name,
+                     ev.message)  # fmt: skip
             if ev.reason == "WorkerLost":
                 metrics.WORKERS_LOST.inc()
             elif ev.reason == "WorkerReplaced":

@@ -111,8 +111,9 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
     cluster.create(scalein("b-less", "b", count=1), ns)
     wait_for(lambda: cluster.phase(ns, "b-less", "ScaleIn") == "ScaleSucceeded", 30)
     wait_for(lambda: cluster.phase(ns, "a-again", "ScaleOut") == "ScaleSucceeded", 60)
+    # The scaler's success is written a moment before its job's status leaves Scaling.
     for name, size in (("a", 3), ("b", 1)):
-        assert running(cluster, ns, name, size), (cluster.status(ns, name), cluster.hosts(ns, name))
+        wait_for(partial(running, cluster, ns, name, size), 10, f"{name} running at {size}")
     assert admitted_workers(cluster, ns, "a") == 3
     (wl_b,) = live_workloads(cluster, ns, "b")
     worker_set = next(ps for ps in wl_b["spec"]["podSets"] if ps["name"] == "worker")

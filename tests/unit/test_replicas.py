@@ -12,6 +12,16 @@ from typing import Any
 import pytest
 
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
+from etoperator.planning.writes import (
+    DeletePod,
+    HostList,
+    JobStatusWrite,
+    MakeScaler,
+    ScalerStatus,
+    SpecReplicas,
+    WorkerObjects,
+    ordered,
+)
 from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, jspec, launcher, running_status, scaler, w
 
@@ -60,22 +70,25 @@ class World:
         )
 
     def act(self) -> float:
-        """One pass, its writes in the order etoperator/reconcile/job.py makes them."""
+        """One pass: the plan's writes in their one order (planning/writes.py, as the
+        reconciler runs them), each a step a crash can end the pass after."""
         plan = plan_job(self.observe())
-        for key, new in plan.scaler_status.items():
-            self.write(self._set_scaler, key, new)
-        if plan.status != self.status:
-            self.write(setattr, self, "status", plan.status)
-        if plan.spec_replicas is not None:
-            self.write(self.set_replicas, plan.spec_replicas)
-        if plan.hosts is not None and plan.hosts != self.published:
-            self.write(setattr, self, "published", list(plan.hosts))
-        for name in plan.delete_pods:
-            self.write(self.pods.pop, name)
-        for i in plan.create_workers:
-            self.write(self._start, i)
-        for made in plan.create_scalers:
-            self.write(self._make, made)
+        for write in ordered(plan, self.status, pods=True, queued=False):
+            if isinstance(write, ScalerStatus):
+                self.write(self._set_scaler, write.kind_name, write.status)
+            elif isinstance(write, JobStatusWrite):
+                self.write(setattr, self, "status", write.status)
+            elif isinstance(write, SpecReplicas):
+                self.write(self.set_replicas, write.replicas)
+            elif isinstance(write, HostList) and list(write.hosts) != self.published:
+                self.write(setattr, self, "published", list(write.hosts))
+            elif isinstance(write, DeletePod):
+                self.write(self.pods.pop, write.name)
+            elif isinstance(write, WorkerObjects):
+                for i in write.indices:
+                    self.write(self._start, i)
+            elif isinstance(write, MakeScaler):
+                self.write(self._make, write.wanted)
         return plan.requeue
 
     def _set_scaler(self, key: tuple[str, str], status: dict[str, Any]) -> None:

@@ -1,0 +1,119 @@
+"""A pass's writes, in the one order they are made: what `plan_job` decided, as a list.
+
+The reconciler runs this list and nothing else (reconcile/job.py `run_writes`); the planner's
+crash tests replay the same list (tests/unit/test_replicas.py). The order is what makes a crash
+or a 409 between any two writes harmless:
+  scalers adopted, then scaler statuses (a scaler's frozen plan before the job acts on it);
+  the job status, then the spec replicas it accepted (replicasBefore marks them as ours until
+  they land); then, when the job's pods may be touched at all: the gang's objects before the
+  workers that join it; the host list before any pod is deleted (Horovod never lists a pod
+  that is going); deletes; the workers' Services and pods; the launcher; the replicas scalers
+  `kubectl scale` asked for; last the Kueue Workload writes (after the pods, so a shrink gives
+  its quota back once done).
+Off the list by design: Events (the recorder posts them after the writes they tell of) and
+scaler scripts (run on the launcher, recorded there; reconcile/scripts.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from etoperator.planning.views import Plan
+
+
+@dataclass(frozen=True)
+class AdoptScaler:
+    kind_name: tuple[str, str]  # gets a controller reference to its job (goes with it)
+
+
+@dataclass(frozen=True)
+class ScalerStatus:
+    kind_name: tuple[str, str]
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobStatusWrite:
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SpecReplicas:
+    replicas: int
+
+
+@dataclass(frozen=True)
+class MakeGang:
+    pass
+
+
+@dataclass(frozen=True)
+class HostList:
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    now: bool  # a victim past its drain: stopped at once, no wait for Horovod
+
+
+@dataclass(frozen=True)
+class WorkerObjects:
+    """The workers' Services made equal to `services` and the pods of `indices` created, all at
+    once (independent creates)."""
+
+    services: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MakeLauncher:
+    pass
+
+
+@dataclass(frozen=True)
+class MakeScaler:
+    wanted: dict[str, Any]  # kind, name, spec, generation: a `kubectl scale` as a scaler
+
+
+@dataclass(frozen=True)
+class QueueWrites:
+    """The Workload writes of queueing.py's plan (reconcile/queues.py: deletes, the Workload or
+    its slice made, the current one's count, activity, conditions and admission)."""
+
+
+Write = (
+    AdoptScaler | ScalerStatus | JobStatusWrite | SpecReplicas | MakeGang | HostList
+    | DeletePod | WorkerObjects | MakeLauncher | MakeScaler | QueueWrites
+)  # fmt: skip
+
+
+def ordered(plan: Plan, old_status: dict[str, Any], pods: bool, queued: bool) -> list[Write]:
+    """The plan's writes in order. `pods`: the job's children may be touched this pass (its
+    spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queued`: the job is
+    in a queue or still has Workloads."""
+    writes: list[Write] = [AdoptScaler(k) for k in plan.adopt_scalers]
+    writes += [ScalerStatus(k, new) for k, new in plan.scaler_status.items()]
+    if plan.status != old_status:
+        writes.append(JobStatusWrite(plan.status))
+    if plan.spec_replicas is not None:
+        writes.append(SpecReplicas(plan.spec_replicas))
+    if not pods:
+        return writes
+    if plan.make_gang:
+        writes.append(MakeGang())
+    if plan.hosts is not None:
+        writes.append(HostList(tuple(plan.hosts)))
+    writes += [DeletePod(name, name in plan.stop_now) for name in plan.delete_pods]
+    writes.append(WorkerObjects(tuple(plan.services), tuple(plan.create_workers)))
+    if plan.create_launcher:
+        writes.append(MakeLauncher())
+    writes += [MakeScaler(wanted) for wanted in plan.create_scalers]
+    if queued:
+        writes.append(QueueWrites())
+    return writes
+
+
+# The writes before the pass's events: the scalers' and the job's own objects.
+STATUS_WRITES = (AdoptScaler, ScalerStatus, JobStatusWrite, SpecReplicas)

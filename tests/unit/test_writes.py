@@ -1,0 +1,69 @@
+"""A pass's writes come in one order (planning/writes.py): what makes a crash or a 409 between
+any two of them harmless."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from etoperator.planning import Plan
+from etoperator.planning.writes import (
+    AdoptScaler,
+    DeletePod,
+    HostList,
+    JobStatusWrite,
+    MakeGang,
+    MakeLauncher,
+    MakeScaler,
+    QueueWrites,
+    ScalerStatus,
+    SpecReplicas,
+    WorkerObjects,
+    ordered,
+)
+
+EVERYTHING = Plan(
+    status={"phase": "Running"},
+    create_workers=[3],
+    delete_pods=["j-worker-1", "j-worker-2"],
+    stop_now=["j-worker-2"],
+    create_launcher=True,
+    hosts=["j-worker-0", "j-worker-3"],
+    services=["j-worker-0", "j-worker-3"],
+    scaler_status={("ScaleIn", "less"): {"phase": "Scaling"}},
+    adopt_scalers=[("ScaleIn", "less")],
+    create_scalers=[{"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}],
+    spec_replicas=2,
+    make_gang=True,
+)
+
+
+def kinds(writes: Sequence[object]) -> list[str]:
+    return [type(w).__name__ for w in writes]
+
+
+def test_every_write_of_a_pass_in_its_one_order() -> None:
+    writes = ordered(EVERYTHING, {}, pods=True, queued=True)
+    assert kinds(writes) == [
+        "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas", "MakeGang", "HostList",
+        "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler", "QueueWrites",
+    ]  # fmt: skip
+    assert writes[0] == AdoptScaler(("ScaleIn", "less"))
+    assert writes[1] == ScalerStatus(("ScaleIn", "less"), {"phase": "Scaling"})
+    assert writes[3] == SpecReplicas(2)
+    assert writes[5] == HostList(("j-worker-0", "j-worker-3"))
+    assert writes[6:8] == [DeletePod("j-worker-1", False), DeletePod("j-worker-2", True)]
+    assert writes[8] == WorkerObjects(("j-worker-0", "j-worker-3"), (3,))
+    assert isinstance(writes[2], JobStatusWrite) and isinstance(writes[4], MakeGang)
+    assert isinstance(writes[9], MakeLauncher) and isinstance(writes[10], MakeScaler)
+    assert isinstance(writes[11], QueueWrites)
+
+
+def test_a_status_as_read_is_not_written_again() -> None:
+    writes = ordered(EVERYTHING, {"phase": "Running"}, pods=True, queued=False)
+    assert "JobStatusWrite" not in kinds(writes) and "QueueWrites" not in kinds(writes)
+
+
+def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
+    """Its spec unreadable, or the Secret, ConfigMap or RBAC its pods need missing."""
+    writes = ordered(EVERYTHING, {}, pods=False, queued=True)
+    assert kinds(writes) == ["AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas"]
