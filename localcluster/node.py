@@ -370,15 +370,23 @@ class RealNode:
         """The cgroup directories (pids controller) of a pod's containers."""
         base = CGROUP / "pids" / self.cgroup_root / "kubepods"
         slug = "pod" + uid
-        return [p for p in base.rglob(f"{slug}*") if p.is_dir()]
+        return [Path(d) for d, _, _ in os.walk(base) if Path(d).name.startswith(slug)]
 
     def kill_pod_processes(self, uid: str, sig: int = signal.SIGKILL) -> int:
         """Kill every process of a pod's containers, as the OOM killer or a crash would; the
-        runtime sees its containers exit. Returns how many processes were signalled."""
+        runtime sees its containers exit. Returns how many processes were signalled. The tree
+        changes as it is walked (a container's cgroup goes once its processes are gone): what
+        vanished meanwhile is skipped."""
         count = 0
         for cg in self.pod_cgroups(uid):
-            for procs_file in cg.rglob("cgroup.procs"):
-                for pid in procs_file.read_text().split():
+            for d, _, files in os.walk(cg):
+                if "cgroup.procs" not in files:
+                    continue
+                try:
+                    pids = (Path(d) / "cgroup.procs").read_text().split()
+                except FileNotFoundError:
+                    continue
+                for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(int(pid), sig)
                         count += 1

@@ -75,9 +75,22 @@ class Cluster(World):
     ssh_port: int = 22
 
     def finish(self, ns: str, name: str, code: int = 0) -> None:
-        """The pod's container ends with exit code `code` (Succeeded for 0, else Failed)."""
-        self.exec(ns, name, "sh", "-c", f"echo {int(code)} > {EXIT_FILE}.new && "
-                  f"mv {EXIT_FILE}.new {EXIT_FILE}")  # fmt: skip
+        """The pod's container ends with exit code `code` (Succeeded for 0, else Failed). The
+        container may end before the exec's stream does (its gate polls every 0.1 s): the exec
+        then reads as killed, and the container's own end is what counts."""
+        done = self.exec(ns, name, "sh", "-c", f"echo {int(code)} > {EXIT_FILE}.new && "
+                         f"mv {EXIT_FILE}.new {EXIT_FILE}", check=False)  # fmt: skip
+        if done.returncode != 0:
+            ended = wait_for(lambda: self.exit_code(ns, name) is not None, 10, f"{name} ended")
+            assert ended and self.exit_code(ns, name) == code, done.stderr
+
+    def exit_code(self, ns: str, name: str) -> int | None:
+        pod = self.api.get("Pod", ns, name) or {}
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            ended = (cs.get("state") or {}).get("terminated")
+            if ended is not None:
+                return int(ended.get("exitCode", -1))
+        return None
 
     def node_names(self) -> list[str]:
         assert self.local.real is not None
