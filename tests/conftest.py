@@ -31,26 +31,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # `make test` runs the tiers side by side (pytest-xdist, `-n`): most of a tier's time is waiting
 # on clusters, not computing. A group runs on one worker process, in order, sharing what that
-# process makes once: the full chain's modules in turn (each starts its own chain); the
-# integration tier in two halves of about seven minutes each (by a whole run's durations),
-# each with its own cluster (a package fixture is made once per process); unit modules go
-# wherever there is room.
+# process makes once (a module's fixtures; the integration tier's cluster, a package fixture).
+# What trains (the full chain's modules, each with its own chain, and the integration tests
+# that run horovodrun) is one group: on two cores, trainings side by side starve each other
+# past their timeouts. The rest of the integration tier is two halves of about five minutes
+# (by a whole run's durations), each with a cluster of its own; unit modules go anywhere.
+TRAINING = {"tests/integration/test_horovod.py"}
 INTEGRATION_HALF_A = {
-    "test_crash.py", "test_horovod.py", "test_kueue.py", "test_leader.py", "test_gangs.py",
+    "test_crash.py", "test_kueue.py", "test_leader.py", "test_gangs.py", "test_lifecycle.py",
 }  # fmt: skip
 
 
 def group_of(nodeid: str) -> str:
-    """Its module (a module's fixtures, such as the unit tier's sshd, are made once, by one
-    process), but for the integration tier's two halves and the full chain, whose modules
-    train one at a time: on two cores, trainings side by side starve each other past their
-    timeouts."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
+    if path in TRAINING or (len(parts) == 3 and parts[1] == "fullchain"):
+        return "training"
     if len(parts) == 3 and parts[1] == "integration":
         return "integration-" + ("a" if parts[2] in INTEGRATION_HALF_A else "b")
-    if len(parts) == 3 and parts[1] == "fullchain":
-        return "fullchain"
     return path
 
 

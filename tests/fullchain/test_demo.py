@@ -72,6 +72,8 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
     marks += [
         r.split("-")[2] for r in results if any(r.startswith(f"etoperator-{m}-") for m in marks)
     ]
+    if slots:  # a pod of theirs made between its two results: its loopback one, unnamed
+        marks += [r for r in results if not r.startswith("etoperator-etok")]
     return {
         k: [x for x in v if not any(m in str(x) for m in marks)] if k != "sysctls" else v
         for k, v in state.items()

@@ -246,8 +246,9 @@ def test_a_suspended_job_leaves_the_queue_and_queues_again_on_resume(
     suspend = {"spec": {"suspend": True}}
     cluster.api.patch(naming.JOB_KIND, ns, "first", suspend)
     wait_for(lambda: cluster.phase(ns, "first") == "Suspended", 20, "first suspended")
-    (wl,) = live_workloads(cluster, ns, "first")
-    assert wl["spec"]["active"] is False
+    # The Workload is written last in the pass that suspends (after the job and its pods).
+    wait_for(lambda: [w["spec"]["active"] for w in live_workloads(cluster, ns, "first")]
+             == [False], 10, "its Workload inactive")  # fmt: skip
     wait_for(partial(running, cluster, ns, "second", 2), 60, "second admitted in its place")
     assert cluster.pods(ns, "first") == []
     cluster.api.patch(naming.JOB_KIND, ns, "first", {"spec": {"suspend": False}})
