@@ -88,16 +88,24 @@ def delete_netns(names: list[str]) -> None:
         NETNS_OURS.unlink()
 
 
+def _try_slot(k: int) -> int | None:
+    """The descriptor of slot k's lock if no running cluster holds it (now held by us)."""
+    LOCKS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def free_slots() -> Iterator[int]:
     """Each slot no running cluster holds, its lock held while the caller works on it (to clear
     what a killed run left there)."""
-    LOCKS.mkdir(parents=True, exist_ok=True)
     for k in range(SLOTS):
-        fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = _try_slot(k)
+        if fd is None:
             continue
         try:
             yield k
@@ -110,13 +118,9 @@ def claim_slot() -> tuple[int, int]:
     process ends, or closed). What a killed run left in the slot is the new owner's to clear."""
     with machine_lock("slots"):
         for k in range(SLOTS):
-            fd = os.open(LOCKS / f"slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return k, fd
+            fd = _try_slot(k)
+            if fd is not None:
+                return k, fd
     raise RuntimeError(f"all {SLOTS} local cluster slots are in use ({LOCKS})")
 
 

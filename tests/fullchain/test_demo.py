@@ -16,7 +16,8 @@ import pytest
 
 from localcluster import procs
 from localcluster.cluster import clear_killed_runs
-from localcluster.network import LOCKS, SLOTS
+from localcluster.network import LOCKS, NETNS_DIR, SLOTS
+from localcluster.node import NAMESPACES
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.fullchain
@@ -72,12 +73,16 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
     marks += [
         r.split("-")[2] for r in results if any(r.startswith(f"etoperator-{m}-") for m in marks)
     ]
-    if slots:  # a pod of theirs made between its two results: its loopback one, unnamed
+    if slots:
+        # A pod of theirs made between its two results: its loopback one, unnamed. And what
+        # all clusters share (the kubelets' sysctls, the namespaces' mounts) is the last one's
+        # to put back: while theirs run, it stays.
         marks += [r for r in results if not r.startswith("etoperator-etok")]
+        marks += [str(NAMESPACES), str(NETNS_DIR)]
     return {
         k: [x for x in v if not any(m in str(x) for m in marks)] if k != "sysctls" else v
         for k, v in state.items()
-        if isinstance(v, list)
+        if isinstance(v, list) and not (slots and k == "sysctls")
     }
 
 
