@@ -42,7 +42,7 @@ def g1(tmp: Path, rounds: int = 10, workers: int = 8) -> list[Row]:
              fmt(took["plain"]), ""),
             ("G1", "... with the gang (all or nothing) p50 / p95", fmt(took["gang"]),
              "within 1 s of no gang"),
-            ("G1", "a waiting gang: room freed (the other job deleted) -> every worker bound",
+            ("G1", "a waiting gang: room freed (the placed gang's pods gone) -> every worker bound",
              waited, "<= 5 s"),
         ]  # fmt: skip
     finally:
