@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from etoperator import naming
 from localcluster.cluster import OPERATOR_USER
 from localcluster.world import (
     Hollow,
@@ -23,9 +24,6 @@ from localcluster.world import (
 )
 
 Row = tuple[str, str, str, str]
-
-
-GROUP, VERSION = "kai.alibabacloud.com", "v1alpha1"
 
 
 STEPS = "etoperator_pass_step_seconds"
@@ -67,8 +65,8 @@ class Timeline:
         streams: list[tuple[Callable[..., Any], tuple[Any, ...], Callable[[str, Any], None]]] = [
             (core.list_namespaced_pod, (ns,), self._pod),
             (core.list_namespaced_config_map, (ns,), self._configmap),
-            *((custom.list_namespaced_custom_object, (GROUP, VERSION, ns, plural), self._scaler)
-              for plural in ("scaleouts", "scaleins")),
+            *((custom.list_namespaced_custom_object, (naming.GROUP, naming.VERSION, ns, plural),
+               self._scaler) for plural in ("scaleouts", "scaleins")),
         ]  # fmt: skip
         for lister, args, on in streams:
             threading.Thread(target=self._run, args=(lister, args, on), daemon=True).start()

@@ -43,18 +43,23 @@ def ip(*args: str, netns: str | None = None, check: bool = True) -> str:
 
 
 @contextlib.contextmanager
-def machine_lock(name: str) -> Iterator[None]:
-    """One of this machine's locks among clusters running side by side (their own processes):
-    `netns` by whoever adds the first network namespace or removes the last; `slots` by whoever
-    claims a slot or asks whether any is held (so that no cluster starts while the last one to
-    stop puts back what they share)."""
-    LOCKS.mkdir(parents=True, exist_ok=True)
-    fd = os.open(LOCKS / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (made if missing), waited for: clusters run side by side, in
+    processes of their own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
+
+
+def machine_lock(name: str) -> contextlib.AbstractContextManager[None]:
+    """One of this machine's locks among clusters: `netns` by whoever adds the first network
+    namespace or removes the last; `slots` by whoever claims a slot or asks whether any is held
+    (so that no cluster starts while the last one to stop puts back what they share)."""
+    return locked(LOCKS / f"{name}.lock")
 
 
 def netns_lock() -> contextlib.AbstractContextManager[None]:

@@ -11,7 +11,6 @@ cgroups (cgroupfs, under a root of this node's own name).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -28,7 +27,7 @@ import yaml
 
 from localcluster import procs
 from localcluster.controlplane import ControlPlane
-from localcluster.network import LOCKS, NETNS_DIR, Network, free_slots
+from localcluster.network import LOCKS, NETNS_DIR, Network, free_slots, locked
 
 GLOBAL_SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory")
 CGROUP = Path("/sys/fs/cgroup")
@@ -221,7 +220,7 @@ class RealNode:
         and again if its image went missing from the store. Its layers are kept unpacked only:
         the packed copy would double the store (6 GB more for the training image)."""
         done_file = self.store_root.parent / IMPORTED
-        done = set(done_file.read_text().split()) if done_file.exists() else set()
+        done = imported_archives(self.store_root.parent)
         present = set(self.ctr("images", "ls", "-q").stdout.split())
         imported = False
         for archive in self.images:
@@ -249,7 +248,7 @@ class RealNode:
         seed, store = self.seed, self.store
         if seed is None or store is None or self._current(store):
             return
-        with _locked(seed.with_name("seed.lock")):
+        with locked(seed.with_name("seed.lock")):
             if not (seed / "root").is_dir():
                 return
             if (store / SHARED).exists() and not self._current(seed):
@@ -259,9 +258,7 @@ class RealNode:
 
     def _current(self, store: Path) -> bool:
         """Whether `store` holds every image this node runs (by the archives imported)."""
-        done = store / IMPORTED
-        imported = set(done.read_text().split()) if done.exists() else set()
-        return {archive.name for archive in self.images} <= imported
+        return {archive.name for archive in self.images} <= imported_archives(store)
 
     @contextlib.contextmanager
     def _import_turn(self) -> Iterator[None]:
@@ -272,7 +269,7 @@ class RealNode:
         if seed is None or store is None or self._current(store) or self._current(seed):
             yield
             return
-        with _locked(seed.with_name("import.lock")):
+        with locked(seed.with_name("import.lock")):
             yield
 
     def _refresh_seed(self) -> None:
@@ -288,7 +285,7 @@ class RealNode:
         deadline = time.monotonic() + 60
         while packed() > 50 * 2**20 and time.monotonic() < deadline:
             time.sleep(0.5)
-        with _locked(seed.with_name("seed.lock")):
+        with locked(seed.with_name("seed.lock")):
             fresh = seed.with_name("seed.new")
             _link_copy(store, fresh)
             shutil.rmtree(seed, ignore_errors=True)
@@ -481,6 +478,12 @@ def _link_copy(src: Path, dst: Path) -> None:
     tmp.rename(dst)
 
 
+def imported_archives(store: Path) -> set[str]:
+    """The archives imported into `store` so far (none for a store not made yet)."""
+    done = store / IMPORTED
+    return set(done.read_text().split()) if done.exists() else set()
+
+
 def _prune_idle_stores(stores: Path) -> None:
     """The stores of slots no cluster holds, once the seed has moved on (an image rebuilt):
     what only they kept is an old image (6 GB); a node of such a slot is made again from the
@@ -488,18 +491,6 @@ def _prune_idle_stores(stores: Path) -> None:
     for slot in free_slots():
         for store in stores.glob(f"etok{slot}-n*"):
             shutil.rmtree(store, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Held while the seed is read or replaced (clusters start side by side)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def reclaim(slot: int) -> bool:

@@ -81,8 +81,8 @@ class Cluster(World):
         done = self.exec(ns, name, "sh", "-c", f"echo {int(code)} > {EXIT_FILE}.new && "
                          f"mv {EXIT_FILE}.new {EXIT_FILE}", check=False)  # fmt: skip
         if done.returncode != 0:
-            ended = wait_for(lambda: self.exit_code(ns, name) is not None, 10, f"{name} ended")
-            assert ended and self.exit_code(ns, name) == code, done.stderr
+            wait_for(lambda: self.exit_code(ns, name) is not None, 10, f"{name} ended")
+            assert self.exit_code(ns, name) == code, done.stderr
 
     def exit_code(self, ns: str, name: str) -> int | None:
         pod = self.api.get("Pod", ns, name) or {}

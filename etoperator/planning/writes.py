@@ -1,6 +1,6 @@
 """A pass's writes, in the one order they are made: what `plan_job` decided, as a list.
 
-The reconciler runs this list and nothing else (reconcile/job.py `run_writes`); the planner's
+The reconciler runs this list and nothing else (reconcile/job.py `JobReconciler.act`); the planner's
 crash tests replay the same list (tests/unit/test_replicas.py). The order is what makes a crash
 or a 409 between any two writes harmless:
   scalers adopted, then scaler statuses (a scaler's frozen plan before the job acts on it);

@@ -313,8 +313,8 @@ class JobReconciler:
                          queued)  # fmt: skip
         statuses = [w for w in writes if isinstance(w, STATUS_WRITES)]
         with metrics.pass_step(took, "writes"):
-            self.run_status_writes(obs, inp, plan, statuses)
-            self.post_events(obs, inp, plan)
+            scalers = self.run_status_writes(obs, inp, plan, statuses)
+            self.post_events(obs, inp, plan, scalers)
         if spec is None or inp.hold:
             return
         with metrics.pass_step(took, "children"):
@@ -326,9 +326,10 @@ class JobReconciler:
 
     def run_status_writes(
         self, obs: Observed, inp: JobInput, plan: Plan, writes: Sequence[Write]
-    ) -> None:
+    ) -> dict[tuple[str, str], dict[str, Any]]:
         """Scalers adopted and their statuses (frozen plans first), the job status, the spec
-        replicas it accepted; each preconditioned on the version read (a 409 ends the pass)."""
+        replicas it accepted; each preconditioned on the version read (a 409 ends the pass).
+        Returns the scalers by (kind, name) as last written (adopted) or read."""
         job = obs.job
         scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         latest = job
@@ -353,6 +354,7 @@ class JobReconciler:
         for kind, result, secs in plan.settled_scalers:
             metrics.SCALES.labels(kind, result).inc()
             metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
+        return scalers
 
     def run_child_write(
         self, obs: Observed, spec: JobSpec, plan: Plan, w: Write, acted: Acted
@@ -376,9 +378,14 @@ class JobReconciler:
         elif isinstance(w, QueueWrites):
             acted.problems += self.queues.act(obs, spec, plan)
 
-    def post_events(self, obs: Observed, inp: JobInput, plan: Plan) -> None:
+    def post_events(
+        self,
+        obs: Observed,
+        inp: JobInput,
+        plan: Plan,
+        scalers: dict[tuple[str, str], dict[str, Any]],
+    ) -> None:
         """The pass's events, after the status writes they tell of, handed to the recorder."""
-        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         about = [(obs.job, ev) for ev in plan.events]
         about += [(scalers[k], ev) for k, evs in plan.scaler_events.items() for ev in evs]
         for ev in plan.events:

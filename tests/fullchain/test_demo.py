@@ -5,7 +5,6 @@ mount point or directory."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 
 from localcluster import procs
 from localcluster.cluster import clear_killed_runs
-from localcluster.network import LOCKS, NETNS_DIR, SLOTS
+from localcluster.network import NETNS_DIR, SLOTS, free_slots
 from localcluster.node import NAMESPACES
 from tests.harness import ROOT
 
@@ -88,15 +87,7 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
 
 def held_slots() -> set[int]:
     """The slots other clusters hold now (a demo of the user's, another test run)."""
-    held = set()
-    LOCKS.mkdir(parents=True, exist_ok=True)
-    for k in range(SLOTS):
-        with open(LOCKS / f"slot-{k}.lock", "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                held.add(k)
-    return held
+    return set(range(SLOTS)) - set(free_slots())
 
 
 def demo_up(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
