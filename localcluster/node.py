@@ -371,22 +371,13 @@ class RealNode:
 
     def kill_pod_processes(self, uid: str, sig: int = signal.SIGKILL) -> int:
         """Kill every process of a pod's containers, as the OOM killer or a crash would; the
-        runtime sees its containers exit. Returns how many processes were signalled. The tree
-        changes as it is walked (a container's cgroup goes once its processes are gone): what
-        vanished meanwhile is skipped."""
+        runtime sees its containers exit. Returns how many processes were signalled."""
         count = 0
         for cg in self.pod_cgroups(uid):
-            for d, _, files in os.walk(cg):
-                if "cgroup.procs" not in files:
-                    continue
-                try:
-                    pids = (Path(d) / "cgroup.procs").read_text().split()
-                except FileNotFoundError:
-                    continue
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(pid), sig)
-                        count += 1
+            for pid in tree_pids(cg):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                    count += 1
         return count
 
     # -- stop ----------------------------------------------------------------------------------
@@ -512,16 +503,26 @@ def reclaim(slot: int) -> bool:
     return forget_slot_cni_results(slot) or bool(roots or anchors)
 
 
+def tree_pids(base: Path) -> list[int]:
+    """Every process in a cgroup tree. The tree changes as it is walked (a container's cgroup
+    goes once its processes are gone): what vanished meanwhile is skipped."""
+    pids: list[int] = []
+    for d, _, files in os.walk(base):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(FileNotFoundError):
+                pids += [int(p) for p in (Path(d) / "cgroup.procs").read_text().split()]
+    return pids
+
+
 def _kill_tree(base: Path) -> None:
     """SIGKILL every process under a pids cgroup until none is left."""
     for _ in range(50):
-        pids = [pid for f in base.rglob("cgroup.procs") for pid in f.read_text().split()]
-        pids = [pid for pid in pids if int(pid) != os.getpid()]
+        pids = [pid for pid in tree_pids(base) if pid != os.getpid()]
         if not pids:
             return
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
 
 
