@@ -102,7 +102,8 @@ class Tour:
             interval=0.2,
         )
         assert t is not None
-        self.say(f"{what}: first training step at size {size} after {t - t0:.2f}s")
+        step = max(n for n, *_ in tr.steps)
+        self.say(f"{what}: first training step at size {size} after {t - t0:.2f}s (step {step})")
         if callable(settled):
             settled()
         self.report(tr)
@@ -215,7 +216,7 @@ QUEUES = ROOT / "examples" / "kueue"
 @dataclass
 class QueueTour:
     """Shared clusters, shown: two queued jobs where Kueue's quota holds one (the second waits,
-    saying why, and runs once the first ends), and a ScaleOut that waits for quota and is
+    saying why, and runs once the first is deleted), and a ScaleOut that waits for quota and is
     rolled back at its timeout."""
 
     kubectl: Callable[..., subprocess.CompletedProcess[str]]
@@ -237,7 +238,7 @@ class QueueTour:
         job = yaml.safe_load((QUEUES / "queued_job.yaml").read_text())
         command = job["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
         steps = command["command"].index("--steps") + 1
-        command["command"][steps] = "400"  # queued-a trains past the ScaleOut's timeout
+        command["command"][steps] = "5000"  # queued-a trains until the tour deletes it
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
         job["metadata"]["name"], command["command"][steps] = "queued-b", "60"
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
@@ -255,11 +256,12 @@ class QueueTour:
         failed = self.said("so", more, "ScaleFailed")
         check("not admitted within" in failed, f"ScaleOut {more} failed otherwise: {failed}")
         self.say(f"ScaleOut {more} rolled back: {failed}")
-        self.reach("tj", "queued-a", "Succeeded", 240)
+        # Its quota goes back as it goes: the job waiting for it is admitted.
         t0 = time.time()
+        self.kubectl("delete", "tj", "queued-a", "--wait=false")
         self.reach("tj", "queued-b", "Running", 180)
         waited = time.time() - t0
-        self.say(f"queued-a ended; queued-b admitted and running {waited:.2f}s later")
+        self.say(f"queued-a deleted; queued-b admitted and running {waited:.2f}s later")
         self.reach("tj", "queued-b", "Succeeded", 240)
         self.say(self.kubectl("get", "tj").stdout.rstrip())
         return {"queued_job_running_after_first_ends": waited}

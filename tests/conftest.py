@@ -32,7 +32,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # `make test` runs the tiers side by side (pytest-xdist, `-n`): most of a tier's time is waiting
 # on clusters, not computing. A group runs on one worker process, in order, sharing what that
 # process makes once (a module's fixtures; the integration tier's cluster, a package fixture).
-# What trains (the full chain's modules, each with its own chain, and the integration tests
+# What trains (the full chain's modules, which share one chain, and the integration tests
 # that run horovodrun) is one group: on two cores, trainings side by side starve each other
 # past their timeouts. The rest of the integration tier is two halves of about five minutes
 # (by a whole run's durations), each with a cluster of its own; unit modules go anywhere.

@@ -146,7 +146,7 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
             "queued-b waits: queued in team-queue",
             "waiting for queue team-queue to admit 3 workers",
             "rolled back: not admitted within 20s",
-            "queued-b admitted and running",
+            "queued-a deleted; queued-b admitted and running",
         ):
             assert seen in out, out[-3000:]  # fmt: skip
         down = demo_down(state)

@@ -145,7 +145,9 @@ def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, n
     assert not again & first_pods  # a fresh run: new pods, nothing left of the first
     cluster.finish(ns, "low-launcher", 0)
     wait_for(lambda: cluster.phase(ns, "low") == "Succeeded", 30, "low succeeded")
-    assert live_workloads(cluster, ns, "low") == []
+    # Finished is written after the job's own status, in the same pass (a crash between the two
+    # must not read as Kueue ending the job).
+    wait_for(lambda: live_workloads(cluster, ns, "low") == [], 30, "low's Workload finished")
 
 
 def test_with_kueue_not_answering_a_queued_job_says_so_then_starts(
