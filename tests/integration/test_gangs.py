@@ -48,8 +48,11 @@ def test_two_gangs_that_fit_alone_run_whole_one_after_the_other(cluster: Cluster
 
     first = wait_for(one_runs, 90, "one gang running whole")
     other = "gb" if first == "ga" else "ga"
-    # Sampled all along: never a part of a gang placed.
-    assert all(a in (0, 3) and b in (0, 3) for a, b in seen), sorted(seen)
+    # Sampled all along: the gang that waits never held a node, so the two never shared the
+    # room (a gang's pods are bound one by one once all are permitted: a sample may catch the
+    # placed gang part bound, on its way to whole).
+    waiting = 1 if first == "ga" else 0
+    assert all(s[waiting] == 0 for s in seen), sorted(seen)
     pending: dict[str, Any] = wait_for(
         lambda: cluster.condition(ns, other, "GangPending") or {}, 30, "the waiting gang says why"
     )

@@ -17,6 +17,9 @@ from etoperator.sshcheck import HorovodOn, SSHProber, busy_script, load_key, rea
 from tests.harness import wait_for
 
 IP, PORT = "127.10.250.2", 2223
+# A handshake on a loaded machine (the suite's clusters beside it) takes seconds: a probe gives
+# up after this, and would read as "unknown".
+PROBE_TIMEOUT = 20
 
 
 def host_key(workdir: Path) -> Path:
@@ -58,7 +61,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ssh.KeyPair]:
     )
     try:
         wait_for(
-            lambda: SSHProber(port=PORT).ready(IP, load_key(keys.private_openssh)), 10, "sshd up"
+            lambda: SSHProber(port=PORT).ready(IP, load_key(keys.private_openssh)), 30, "sshd up"
         )
         yield keys
     finally:
@@ -67,7 +70,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ssh.KeyPair]:
 
 
 def test_ready_with_job_key_only(sshd: ssh.KeyPair) -> None:
-    prober = SSHProber(port=PORT, timeout=2)
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     assert prober.ready(IP, load_key(sshd.private_openssh))
     other = ssh.generate_keypair()
     assert not prober.ready(IP, load_key(other.private_openssh))
@@ -75,7 +78,7 @@ def test_ready_with_job_key_only(sshd: ssh.KeyPair) -> None:
 
 
 def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
-    prober = SSHProber(port=PORT, timeout=3)
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     assert busy(prober, key, "job-worker-1") is False
     # Started over SSH, as Horovod starts its workers.
@@ -88,11 +91,11 @@ def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
     )
     assert code == 0
     try:
-        wait_for(lambda: busy(prober, key, "job-worker-10"), 5, "busy")
+        wait_for(lambda: busy(prober, key, "job-worker-10"), 30, "busy")
         assert busy(prober, key, "job-worker-1") is False  # no substring match
     finally:
         subprocess.run(["pkill", "-f", marker])
-    wait_for(lambda: busy(prober, key, "job-worker-10") is False, 5, "idle")
+    wait_for(lambda: busy(prober, key, "job-worker-10") is False, 30, "idle")
 
 
 def busy(prober: SSHProber, key: paramiko.PKey, hostname: str) -> bool | None:
@@ -109,7 +112,7 @@ def test_busy_script_quotes_the_name() -> None:
 def test_horovod_tells_to_whom_its_processes_are_connected(sshd: ssh.KeyPair) -> None:
     """A joining worker is taken in once its Horovod process is connected to the other hosts:
     the probe reads the addresses its sockets are connected to, not those of other processes."""
-    prober = SSHProber(port=PORT, timeout=3)
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     marker = f"etoperator-peers-test-{uuid.uuid4().hex[:8]}"
     peer = "127.10.250.9"
@@ -125,7 +128,7 @@ def test_horovod_tells_to_whom_its_processes_are_connected(sshd: ssh.KeyPair) ->
     try:
         assert prober.horovod(IP, key, "job-worker-3") == HorovodOn(False)
         assert prober.run(IP, key, connect)[0] == 0
-        wait_for(lambda: peers_of(prober, key, "job-worker-3"), 5, "connected")
+        wait_for(lambda: peers_of(prober, key, "job-worker-3"), 30, "connected")
         assert prober.horovod(IP, key, "job-worker-3") == HorovodOn(True, frozenset({peer}))
         # The listener's end is connected too, but it is not a Horovod process of worker-3.
         assert prober.horovod(IP, key, "job-worker-4") == HorovodOn(False)
@@ -152,7 +155,7 @@ c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); time.sleep(60)
 def test_ready_only_once_the_name_resolves_to_the_worker(sshd: ssh.KeyPair) -> None:
     """Horovod reaches a worker by name: a worker whose name does not resolve (to its own
     address) yet is not ready, whatever its sshd says."""
-    prober = SSHProber(port=PORT, timeout=3)
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     assert prober.ready(IP, key)
     assert not prober.ready(IP, key, "etoperator-no-such-host.invalid")
