@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from localcluster.world import ROOT, Chain, wait_for
+from localcluster.tour import scene
+from localcluster.world import ROOT, Chain, Timeout, wait_for
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each
@@ -157,7 +158,13 @@ class Elastic:
         """`act`, then the first epoch that ends at `size`: the seconds between."""
         t0 = time.time()
         act()
-        t = wait_for(lambda: self.run().first_epoch_at(size, t0), 120, f"{what}: size {size}", 0.2)
+        try:
+            t = wait_for(
+                lambda: self.run().first_epoch_at(size, t0), 120, f"{what}: size {size}", 0.2
+            )
+        except Timeout as exc:
+            get = lambda *a: str(self.c.kubectl("-n", self.ns, *a, check=False).stdout)  # noqa: E731
+            raise Timeout(f"{exc}\n{scene(get, self.log())}") from None
         assert t is not None
         return t - t0
 

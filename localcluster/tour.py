@@ -74,6 +74,24 @@ class Training:
         return None
 
 
+def scene(kubectl: Callable[..., str], log: str) -> str:
+    """What a failed step leaves to read: the objects, the namespace's last events, the
+    operator's last words, and the launcher's own lines (horovodrun's, not the steps)."""
+    lines = log.splitlines()
+    own = [line for line in lines if not STEP.search(line)][-30:]
+    steps = [line for line in lines if STEP.search(line)][-3:]
+    events = kubectl("get", "events", "--sort-by=.lastTimestamp").splitlines()[-25:]
+    operator = kubectl(
+        "logs", "-n", "etoperator-system", "-l", "app.kubernetes.io/name=etoperator",
+        "--tail=30", "--prefix", "--all-containers",
+    )  # fmt: skip
+    return "\n".join([
+        "--- objects", kubectl("get", "tj,so,si,pods", "-o", "wide"),
+        "--- events", *events, "--- operator", operator,
+        "--- launcher (its own lines, then the last steps)", *own, *steps,
+    ])  # fmt: skip
+
+
 def check(ok: object, message: str) -> None:
     if not ok:
         raise TourFailed(message)
@@ -95,12 +113,16 @@ class Tour:
         returned (a wait for its scaler to succeed) before the next step."""
         t0 = time.time()
         settled = act()
-        t = wait_for(
-            lambda: tr.first_step_at(size, t0),
-            90 * self.slow,
-            f"training at size {size} after {what}",
-            interval=0.2,
-        )
+        try:
+            t = wait_for(
+                lambda: tr.first_step_at(size, t0),
+                90 * self.slow,
+                f"training at size {size} after {what}",
+                interval=0.2,
+            )
+        except TourFailed as exc:
+            get = lambda *a: str(self.kubectl(*a, check=False).stdout)  # noqa: E731
+            raise TourFailed(f"{exc}\n{scene(get, self.launcher_log())}") from None
         assert t is not None
         step = max(n for n, *_ in tr.steps)
         self.say(f"{what}: first training step at size {size} after {t - t0:.2f}s (step {step})")
