@@ -38,6 +38,32 @@ fi
 mkdir -p /run/sshd
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A >/dev/null
 
+# The virtualenv is made beside the Go builds: its downloads (torch with its CUDA libraries, a
+# few GB) overlap their compiling.
+lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
+venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"
+make_venv() {
+    rm -rf "$venv"
+    "$PY" -m venv "$venv"
+    pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+    # torch first and pinned: anything that lets pip choose pulls another build (gigabytes).
+    pip install "$(grep '^torch==' requirements.lock)"
+    pip install -r requirements.lock
+    echo "setup: building or reusing Horovod"
+    wheel=$(hack/build-horovod.sh "$venv/bin/python" | tail -n 1)
+    pip install --no-deps "$wheel"
+    "$venv/bin/python" -c 'import horovod.torch as hvd; assert hvd.gloo_built()'
+    touch "$venv/.complete"
+}
+venv_pid=
+if [ ! -f "$venv/.complete" ]; then
+    step "creating the virtualenv $venv (beside the builds; its log: $CACHE/venv.log)"
+    mkdir -p "$CACHE"
+    make_venv >"$CACHE/venv.log" 2>&1 &
+    venv_pid=$!
+    trap '[ -z "$venv_pid" ] || { pkill -P "$venv_pid"; kill "$venv_pid"; } 2>/dev/null || true' EXIT
+fi
+
 # The Kubernetes binaries (control plane, kubelet, kube-proxy, kubemark, kubectl) and etcd; then
 # what a node runs beside them (containerd, runc, CNI, CoreDNS, pause), Kueue, and the images.
 # Go's caches are kept apart from the user's and removed once the binaries are (7 GB).
@@ -59,21 +85,15 @@ step "images in $images"
 dangling=$(buildah images --filter dangling=true --noheading --format '{{.ID}}')
 [ -z "$dangling" ] || buildah rmi $dangling >/dev/null 2>&1 || true
 
-lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
-venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"
-if [ ! -f "$venv/.complete" ]; then
-    step "creating the virtualenv $venv"
-    rm -rf "$venv"
-    "$PY" -m venv "$venv"
-    pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
-    # torch first and pinned: anything that lets pip choose pulls another build (gigabytes).
-    pip install "$(grep '^torch==' requirements.lock)"
-    pip install -r requirements.lock
-    step "building or reusing Horovod"
-    wheel=$(hack/build-horovod.sh "$venv/bin/python" | tail -n 1)
-    pip install --no-deps "$wheel"
-    "$venv/bin/python" -c 'import horovod.torch as hvd; assert hvd.gloo_built()'
-    touch "$venv/.complete"
+if [ -n "$venv_pid" ]; then
+    if ! wait "$venv_pid"; then
+        venv_pid=
+        tail -n 40 "$CACHE/venv.log" >&2
+        echo "setup: the virtualenv failed (above: the end of $CACHE/venv.log)" >&2
+        exit 1
+    fi
+    venv_pid=
+    step "virtualenv ready"
 fi
 if [ ! -L .venv ] || [ "$(readlink .venv)" != "$venv" ]; then
     rm -rf .venv
