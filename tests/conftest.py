@@ -32,14 +32,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # `make test` runs the tiers side by side (pytest-xdist, `-n`): most of a tier's time is waiting
 # on clusters, not computing. A group runs on one worker process, in order, sharing what that
 # process makes once (a module's fixtures; a tier's cluster or chain, a package fixture).
-# The full chain's modules, which train on one chain (and the demo's own cluster), are one
-# group: on two cores, trainings side by side starve each other past their timeouts. The
-# integration tier is two halves of about the same time (by a whole run's durations), each with
-# a cluster of its own; the crash at every write is three tests, split between them. Unit
-# modules go anywhere.
+# What trains (the full chain's modules on one chain, the demo's own cluster, and the
+# integration tests that run horovodrun) is one group: on two cores, trainings side by side
+# starve each other past their timeouts (seen again with test_horovod.py beside the full chain).
+# The rest of the integration tier is two halves of about the same time (by a whole run's
+# durations), each with a cluster of its own; the crash at every write is three tests, split
+# between them. Unit modules go anywhere.
+TRAINING = {"tests/integration/test_horovod.py"}
 INTEGRATION_HALF_A = {
     "test_crash.py", "test_kueue.py", "test_leader.py", "test_gangs.py", "test_lifecycle.py",
-    "test_horovod.py",
 }  # fmt: skip
 TO_HALF_B = ("tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_scale_is_harmless"
              "[kubectl scale up and down]",)  # fmt: skip
@@ -48,7 +49,7 @@ TO_HALF_B = ("tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_
 def group_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    if len(parts) == 3 and parts[1] == "fullchain":
+    if path in TRAINING or (len(parts) == 3 and parts[1] == "fullchain"):
         return "training"
     if len(parts) == 3 and parts[1] == "integration":
         half_a = parts[2] in INTEGRATION_HALF_A and nodeid not in TO_HALF_B
