@@ -17,6 +17,8 @@ from typing import TypeVar
 
 import yaml
 
+from localcluster.cluster import OPERATOR_LABEL, OPERATOR_NS
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "elastic-training"
 EXAMPLE = ROOT / "examples" / "training_job.yaml"
@@ -82,7 +84,7 @@ def scene(kubectl: Callable[..., str], log: str) -> str:
     steps = [line for line in lines if STEP.search(line)][-3:]
     events = kubectl("get", "events", "--sort-by=.lastTimestamp").splitlines()[-25:]
     operator = kubectl(
-        "logs", "-n", "etoperator-system", "-l", "app.kubernetes.io/name=etoperator",
+        "logs", "-n", OPERATOR_NS, "-l", OPERATOR_LABEL,
         "--tail=30", "--prefix", "--all-containers",
     )  # fmt: skip
     return "\n".join([
