@@ -197,3 +197,13 @@ def selector(labels: dict[str, str]) -> str:
 
 def worker_selector(job: str) -> str:
     return selector({**job_labels(job), LABEL_ROLE: ROLE_WORKER})
+
+
+# Horovod's Gloo rendezvous timeout, unless the launcher sets its own (its template's env, or
+# horovodrun's --gloo-timeout-seconds; horovodrun hands it to every worker). At a new size the
+# workers already training wait this long in the rendezvous for a joining worker to start its
+# process; Horovod's own 30 s is less than a first import of torch on a busy node or a CUDA init
+# may take, and running out of it aborts every rank: the job fails. Operations keep their short
+# timeout (HOROVOD_GLOO_OP_TIMEOUT_SECONDS in the project's Horovod build).
+RENDEZVOUS_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+RENDEZVOUS_TIMEOUT = 180

@@ -8,6 +8,7 @@ the CRD was updated) still gets a clear Failed condition instead of a crash.
 from __future__ import annotations
 
 import copy
+import itertools
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -145,6 +146,7 @@ class WorkerSpec:
 class LauncherSpec:
     template: dict[str, Any]
     restart_policy: str
+    rendezvous_timeout: int = naming.RENDEZVOUS_TIMEOUT  # Horovod's, in seconds (naming.py)
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,24 @@ def _launcher(launcher: dict[str, Any]) -> LauncherSpec:
     return LauncherSpec(
         template=template,
         restart_policy=f.LAUNCHER_RESTART.parse(launcher.get("restartPolicy")),
+        rendezvous_timeout=_rendezvous_timeout(template["spec"]),
     )
+
+
+def _rendezvous_timeout(pod_spec: dict[str, Any]) -> int:
+    """How long Horovod's ranks wait for each other in a rendezvous: horovodrun's flag, else
+    the launcher's env, else the operator's default (only a plain number counts)."""
+    container = (pod_spec.get("containers") or [{}])[0]
+    argv = [str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    given = [b for a, b in itertools.pairwise(argv) if a == "--gloo-timeout-seconds"]
+    given += [a.split("=", 1)[1] for a in argv if a.startswith("--gloo-timeout-seconds=")]
+    given += [
+        str(e.get("value"))
+        for e in container.get("env") or []
+        if e.get("name") == naming.RENDEZVOUS_TIMEOUT_ENV
+    ]
+    numbers = [int(v) for v in given if v.isdigit()]
+    return numbers[0] if numbers else naming.RENDEZVOUS_TIMEOUT
 
 
 def _to_delete(to_delete: Any) -> tuple[int | None, tuple[str, ...] | None]:

@@ -176,6 +176,8 @@ def launcher_pod(
     ours = {"ETOPERATOR_JOB": job_spec.name, "ETOPERATOR_NAMESPACE": job_spec.namespace}
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
+    if not any(e.get("name") == naming.RENDEZVOUS_TIMEOUT_ENV for e in env):
+        env.append({"name": naming.RENDEZVOUS_TIMEOUT_ENV, "value": str(naming.RENDEZVOUS_TIMEOUT)})
     placement.apply(spec)
     gang.place(job_spec, spec, worker=False)
     pod = _pod(

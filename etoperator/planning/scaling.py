@@ -20,10 +20,12 @@ SCRIPT_EXECUTED = "ScriptExecuted"
 SCRIPT_GRACE = 5
 
 
-def timed_out(d: Draft, sc: ScalerView) -> bool:
+def timed_out(d: Draft, sc: ScalerView, more: int = 0) -> bool:
+    """Whether the scale has run its timeout (and `more` seconds)."""
     assert sc.spec is not None
     started = parse_iso(sc.typed.start_time)
-    return started is not None and d.inp.now - started >= timedelta(seconds=sc.spec.timeout)
+    limit = timedelta(seconds=sc.spec.timeout + more)
+    return started is not None and d.inp.now - started >= limit
 
 
 def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> Members:
@@ -61,18 +63,38 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
         return m
     horovod, outside = horovod_on(d, new)
     if outside:
-        names = ", ".join(outside)
-        failed = (
-            f"Horovod did not take {names} in within {limit}s (is horovodrun's --max-np below "
-            "the new size?)"
-        )
-        return wait_to_join(
-            d, sc, m, new, "WaitingForHorovod", failed, f"waiting for Horovod to take {names} in"
-        )
+        return wait_for_horovod(d, sc, m, outside)
     if ensure_script_ran(d, sc, new):
         trains = ": Horovod trains on them" if horovod else " to the host list"
         finish_scale(d, sc, f"added {', '.join(new)}{trains}")
     return m
+
+
+def wait_for_horovod(d: Draft, sc: ScalerView, m: Members, outside: list[str]) -> Members:
+    """Listed, not yet taken in. Once Horovod has started its process on a new worker, the
+    workers already training wait for it in their rendezvous: removing it then would fail
+    that rendezvous, and the job with it. So past its timeout the scale waits on while the
+    rendezvous may (the launcher's Gloo timeout); a worker Horovod never started on (its
+    --max-np reached) is rolled back at the timeout."""
+    assert sc.spec is not None
+    new, names = sc.planned, ", ".join(outside)
+    waiting = f"waiting for Horovod to take {names} in"
+    starting = [n for n in outside if (w := d.workers.get(n)) is not None and w.busy]
+    job = d.inp.spec
+    rendezvous = job.launcher.rendezvous_timeout if job else naming.RENDEZVOUS_TIMEOUT
+    if starting and timed_out(d, sc) and not timed_out(d, sc, rendezvous):
+        what = (
+            f"Horovod is starting on {', '.join(starting)}, past the {sc.spec.timeout}s timeout: "
+            f"removed now, its rendezvous would fail the job (waiting up to {rendezvous}s more)"
+        )
+        wait_on(d, sc, "WaitingForHorovod", what, f"WaitingForHorovod: {waiting}")
+        return m
+    failed = (
+        f"Horovod did not take {names} in within {sc.spec.timeout}s"
+        + (f" and its {rendezvous}s rendezvous" if starting else "")
+        + " (is horovodrun's --max-np below the new size?)"
+    )
+    return wait_to_join(d, sc, m, new, "WaitingForHorovod", failed, waiting)
 
 
 def wait_for_quota(d: Draft, sc: ScalerView, m: Members, waiting: str) -> Members:

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.integration
 TRAIN = "/opt/etoperator/examples/elastic_train.py"
 # Seconds between a ScaleOut's success and a ScaleIn of the worker it added.
 GAPS = (0, 1, 2, 3, 5, 10)
+# A joining worker's start in the slow-start test: past Horovod's own Gloo rendezvous timeout
+# (30 s), as a first import of torch on a busy node or a slow CUDA init can be.
+SLOW_START = 40
 
 
 def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, Any]:
@@ -98,6 +101,47 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
         assert cluster.phase(ns, "race") == "Running", cluster.pod_log(ns, "race-launcher")
     since = time.time()
     wait_for(lambda: tr.first_step_at(2, since), 60, "training on at size 2", interval=0.5)
+
+
+def slow_to_start(body: dict[str, Any], host: str, seconds: int) -> dict[str, Any]:
+    """The job, its training process starting `seconds` late on worker `host` only (Horovod
+    names the host a process runs for in HOROVOD_HOSTNAME)."""
+    command = body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+    at = command["command"].index("python3")
+    delay = f'case "$HOROVOD_HOSTNAME" in {host}) sleep {seconds};; esac; exec "$@"'
+    command["command"][at:at] = ["sh", "-c", delay, "sh"]
+    return body
+
+
+def test_a_worker_slow_to_start_joins_and_the_job_trains_on(cluster: Cluster, ns: str) -> None:
+    """A ScaleOut whose new worker takes longer to start its training process than Horovod's
+    default Gloo rendezvous timeout, and than the ScaleOut's own timeout: the workers already
+    training wait for it in their rendezvous at the new size. They gave up after 30 s and took
+    the job down with them (the demo's ScaleOut on a loaded machine); a rollback at the
+    ScaleOut's timeout would too. Now they wait as long as a start may take, and the scale
+    waits for them past its timeout."""
+    cluster.create(
+        slow_to_start(horovod_job("slow", 2, 1_000_000), "slow-worker-2", SLOW_START), ns
+    )
+    tr = training(cluster, ns, "slow")
+    wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
+    asked = time.time()
+    cluster.create(scaleout("grow", "slow", 1, timeout=SLOW_START // 2), ns)
+    wait_for(
+        lambda: tr.first_step_at(3, asked) or cluster.phase(ns, "slow") == "Failed",
+        2 * SLOW_START + 40, "training at size 3", interval=0.5,
+    )  # fmt: skip
+    assert cluster.phase(ns, "slow") == "Running", cluster.pod_log(ns, "slow-launcher")[-3000:]
+    took = time.time() - asked
+    assert took >= SLOW_START, f"training at 3 after {took:.0f} s: the start was not slow"
+    said = settled(cluster, ns, "ScaleOut", "grow", "ScaleSucceeded", 30)
+    assert said["addPods"] == ["slow-worker-2"] and "slow-worker-2" in cluster.hosts(ns, "slow")
+    waited = [
+        e
+        for e in cluster.events(ns, "grow")
+        if f"past the {SLOW_START // 2}s timeout" in e["message"]
+    ]
+    assert waited, "the scale did not say it waited past its timeout"
 
 
 def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: str) -> None:

@@ -101,6 +101,37 @@ def test_launcher_pod_mounts_and_modes() -> None:
     assert modes == {"discover_hosts.sh": 0o755, "hostfile": 0o644, "deepspeed-hostfile": 0o644}
 
 
+def test_the_launcher_gives_a_joining_worker_time_to_start_unless_told_otherwise() -> None:
+    def env(s: JobSpec) -> dict[str, str]:
+        pod = pods.launcher_pod(s, OWNER, "j", ssh.OWN_KEYS, 0)
+        return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+    assert int(env(spec())["HOROVOD_GLOO_TIMEOUT_SECONDS"]) > 30  # Horovod's own: too short
+    b = job("j")
+    b["metadata"].update(namespace="ns", uid="uid-1")
+    launcher = b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+    launcher["env"] = [{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "45"}]
+    assert env(parse_job(b))["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
+
+
+def test_the_rendezvous_timeout_is_read_as_horovodrun_reads_it() -> None:
+    def timeout(command: list[str], env: list[dict[str, str]] | None = None) -> int:
+        b = job("j")
+        c = b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+        c["command"], c["env"] = command, env or []
+        return parse_job(b).launcher.rendezvous_timeout
+
+    run = ["horovodrun", "-np", "2", "python3", "train.py"]
+    assert timeout(run) == naming.RENDEZVOUS_TIMEOUT
+    assert timeout(["horovodrun", "--gloo-timeout-seconds", "90", *run[1:]]) == 90
+    assert timeout(["horovodrun", "--gloo-timeout-seconds=75", *run[1:]]) == 75
+    assert timeout(run, [{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "45"}]) == 45
+    assert (
+        timeout(run, [{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "$(T)"}])
+        == naming.RENDEZVOUS_TIMEOUT
+    )
+
+
 def test_worker_service_selects_exactly_one_pod() -> None:
     svc = pods.worker_service(spec(), OWNER, 4)
     assert svc["spec"]["clusterIP"] == "None"

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from etoperator.api.models import JobSpec, parse_job, parse_scaler
 from etoperator.planning import (
     JobInput,
+    Plan,
     PodView,
     ScalerView,
     check_scale_in,
@@ -254,12 +255,39 @@ def test_a_scale_out_succeeds_only_once_horovod_has_taken_its_workers_in() -> No
     idle = [w(0, ip="10.0.0.0", busy=False), w(1), w(2)]
     plain = plan_job(inp(spec, status, [*idle, launcher()], [so], published=hosts))
     assert plain.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
-    # Never taken in within the timeout: rolled back, and said why.
+    # Horovod never started on it within the timeout (its --max-np reached): rolled back.
     late = NOW + timedelta(seconds=60)
-    gave_up = plan_job(inp(spec, status, [*starting, launcher()], [so], now=late, published=hosts))
+    never = [horovod(0, 1), horovod(1, 0), w(2, ip="10.0.0.2", busy=False)]
+    gave_up = plan_job(inp(spec, status, [*never, launcher()], [so], now=late, published=hosts))
     failed = gave_up.scaler_status[so.kind_name]
     assert failed["phase"] == "ScaleFailed" and gave_up.delete_pods == ["j-worker-2"]
     assert "Horovod did not take j-worker-2 in" in str(failed["conditions"])
+
+
+def test_a_scale_out_past_its_timeout_leaves_a_rendezvous_under_way_alone() -> None:
+    """Horovod has started on the new worker and the others wait for it in their rendezvous:
+    removed then, the rendezvous fails and the job with it. The scale waits on while the
+    rendezvous may, then rolls back."""
+    spec = jspec(maxReplicas=4)
+    frozen = {"phase": "Scaling", "addPods": ["j-worker-2"], "startTime": "2026-01-01T11:59:50Z"}
+    so = scaler(scaleout("grow", "j", 1), status=frozen)  # its timeout: 60 s
+    status = running_status([0, 1, 2], hosts=[0, 1, 2], currentScaler="ScaleOut:ns/grow")
+    hosts = ["j-worker-0", "j-worker-1", "j-worker-2"]
+    starting = [horovod(0, 1), horovod(1, 0), w(2, ip="10.0.0.2", busy=True, peers=frozenset())]
+
+    def at(seconds: int) -> Plan:
+        now = NOW + timedelta(seconds=seconds)
+        return plan_job(inp(spec, status, [*starting, launcher()], [so], now=now, published=hosts))
+
+    waits = at(60)
+    assert waits.scaler_status[so.kind_name]["phase"] == "Scaling" and waits.delete_pods == []
+    said = str(waits.scaler_status[so.kind_name]["conditions"])
+    assert "Horovod is starting on j-worker-2, past the 60s timeout" in said
+    rendezvous = spec.launcher.rendezvous_timeout
+    gave_up = at(60 + rendezvous)
+    assert gave_up.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
+    assert gave_up.delete_pods == ["j-worker-2"]
+    assert f"and its {rendezvous}s rendezvous" in str(gave_up.scaler_status[so.kind_name])
 
 
 def test_scale_out_timeout_rolls_back() -> None:
