@@ -97,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
-    # kopf reports every event handler run at INFO; our own loggers say what matters.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    for noisy in ("kubernetes", "paramiko", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_logs()
     asyncio.run(
         _operate(
             kopf.operator(
@@ -115,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+# Loggers that speak at INFO of what is routine: kopf of every event handler run and every
+# liveness probe ("Activity 'jobs' succeeded."), aiohttp of every probe's request, the clients of
+# their connections. Our own loggers say what matters; their warnings still come through.
+NOISY = ("kopf.objects", "kopf.activities.probe", "aiohttp.access", "kubernetes", "paramiko",
+         "urllib3")  # fmt: skip
+
+
+def quiet_logs() -> None:
+    for noisy in NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 async def _operate(operator: Coroutine[Any, Any, None]) -> None:
