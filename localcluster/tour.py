@@ -76,11 +76,15 @@ class Training:
         return None
 
 
+# A Python traceback's frames and carets: what horovodrun raised is on the lines around them.
+FRAME = re.compile(r'^(\[\d+\]<std\w+>:)?\s+(File "|\^+$|\S.*\)$)')
+
+
 def scene(kubectl: Callable[..., str], log: str) -> str:
     """What a failed step leaves to read: the objects, the namespace's last events, the
     operator's last words, and the launcher's own lines (horovodrun's, not the steps)."""
     lines = log.splitlines()
-    own = [line for line in lines if not STEP.search(line)][-30:]
+    own = [line for line in lines if not STEP.search(line) and not FRAME.search(line)][-30:]
     steps = [line for line in lines if STEP.search(line)][-3:]
     events = kubectl("get", "events", "--sort-by=.lastTimestamp").splitlines()[-25:]
     operator = kubectl(
