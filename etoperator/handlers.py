@@ -93,7 +93,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.rt = rt
     MEMO[:] = [memo]
     if cfg.leader_election:
-        election = LeaderElection(reconciler.kube, cfg.lease_namespace, cfg.identity)
+        # Its own client: the Lease is written (released) after the passes' writes are shut.
+        election = LeaderElection(kube.Kube(api), cfg.lease_namespace, cfg.identity)
         rt.leading = election.leading
         memo.elector = election
         # Kept in the memo, so that the tasks are not collected while they run.
@@ -135,8 +136,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def stop_acting(memo: kopf.Memo) -> None:
-    """A graceful stop: no new pass, the passes in flight end, then the Lease is released so
-    the standby takes over at once (instead of after the Lease's duration). Twice is once."""
+    """A graceful stop: no new pass and no new write, the writes already sent end, then the
+    Lease is released so the standby takes over at once (instead of after the Lease's
+    duration). A pass still in flight makes no write from then on. Twice is once."""
     election: LeaderElection | None = getattr(memo, "elector", None)
     if election is not None:
         election.stop()
@@ -145,9 +147,11 @@ async def stop_acting(memo: kopf.Memo) -> None:
         started = time.monotonic()
         for ref in list(rt.tasks):
             rt.forget(ref)
-        await asyncio.get_running_loop().run_in_executor(None, rt.drain)
-        # What a hand-over waited for: a pass in flight ends before the Lease is let go.
-        log.info("Passes ended in %.2fs", time.monotonic() - started)
+        gate = rt.reconciler.kube.gate
+        # Past the Lease's duration the standby takes over anyway: no use waiting longer.
+        wait = election.duration if election is not None else LeaderElection.duration
+        ended = await asyncio.get_running_loop().run_in_executor(None, gate.close, wait)
+        log.info("Writes shut in %.2fs sent_ended=%s", time.monotonic() - started, ended)
     if election is not None:
         await asyncio.get_running_loop().run_in_executor(None, election.release)
 

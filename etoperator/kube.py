@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -80,6 +81,44 @@ class ApiError(Exception):
         return self.status == 0
 
 
+class Stopped(ApiError):
+    """A write not sent: this replica has stopped acting (its Lease is being handed over)."""
+
+    def __init__(self, request: str = "") -> None:
+        super().__init__(0, "not sent: this replica has stopped acting", request)
+
+
+@dataclass
+class WriteGate:
+    """Writes pass while it is open. Closed, no new write starts: a replica that stops acting
+    hands its Lease over once the writes already sent have ended, not after its passes in
+    flight (an SSH probe of a dying worker can take 10 s); a pass cut short between two writes
+    is what a crash there is, and the next leader's pass picks it up."""
+
+    _open: bool = True
+    _sent: int = 0
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @contextmanager
+    def write(self, request: str) -> Iterator[None]:
+        with self._cond:
+            if not self._open:
+                raise Stopped(request)
+            self._sent += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sent -= 1
+                self._cond.notify_all()
+
+    def close(self, timeout: float) -> bool:
+        """No new write from now on; wait up to `timeout` for those sent. Whether all ended."""
+        with self._cond:
+            self._open = False
+            return self._cond.wait_for(lambda: self._sent == 0, timeout)
+
+
 def load_config(
     kubeconfig: str | None = None, context: str | None = None, connections: int = 32
 ) -> k8s.ApiClient:
@@ -136,6 +175,7 @@ def _path(kind: str, namespace: str, name: str | None = None, sub: str | None = 
 class Kube:
     api: k8s.ApiClient
     requests: int = 0  # counted for the benchmark's "requests per minute"
+    gate: WriteGate = field(default_factory=WriteGate)  # every request but a GET passes it
 
     def _call(
         self,
@@ -146,10 +186,26 @@ class Kube:
         content_type: str = "application/json",
         timeout: float = 30,
     ) -> Any:
+        name = (body or {}).get("metadata", {}).get("name") if method == "POST" else None
+        request = f"{method} {path}" + (f" ({name})" if name else "")
+        if method == "GET":
+            return self._send(method, path, request, body, query, content_type, timeout)
+        with self.gate.write(request):
+            return self._send(method, path, request, body, query, content_type, timeout)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        request: str,
+        body: Any,
+        query: list[tuple[str, Any]] | None,
+        content_type: str,
+        timeout: float,
+    ) -> Any:
         self.requests += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        name = (body or {}).get("metadata", {}).get("name") if method == "POST" else None
-        with _translate(f"{method} {path}" + (f" ({name})" if name else "")):
+        with _translate(request):
             if hasattr(self.api, "param_serialize"):  # kubernetes >= 31
                 m, url, hdrs, raw, post = self.api.param_serialize(
                     method=method,

@@ -13,8 +13,9 @@ What keeps two replicas from ever acting at once:
   - every error of a look is caught and logged (the client raises transport errors, not only
     API errors, while the server is down), and the loop ending for any reason stops the
     process: an election that silently died would leave a leader writing unchecked;
-  - a leader that is stopped gracefully releases the Lease (holder cleared) once its passes
-    have ended, so the warm standby takes over at its next look, about a second later.
+  - a leader that is stopped gracefully makes no new write, and releases the Lease (holder
+    cleared) once the writes it had sent have ended, so the warm standby takes over at its
+    next look, about a second later.
 """
 
 from __future__ import annotations

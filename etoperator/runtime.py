@@ -116,11 +116,6 @@ class Runtime:
         if task is not None and task is not asyncio.current_task():  # a loop ending itself
             task.cancel()
 
-    def drain(self) -> None:
-        """Wait for the passes in flight to end (their loops are cancelled first)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
     def kick_all(self) -> None:
         for ref in list(self.kicks):
             self.kick(ref)
