@@ -89,10 +89,10 @@ def wait_for_horovod(d: Draft, sc: ScalerView, m: Members, outside: list[str]) -
         )
         wait_on(d, sc, "WaitingForHorovod", what, f"WaitingForHorovod: {waiting}")
         return m
-    failed = (
-        f"Horovod did not take {names} in within {sc.spec.timeout}s"
-        + (f" and its {rendezvous}s rendezvous" if starting else "")
-        + " (is horovodrun's --max-np below the new size?)"
+    failed = f"Horovod did not take {names} in within {sc.spec.timeout}s" + (
+        f" and its {rendezvous}s rendezvous"
+        if starting
+        else " (is horovodrun's --max-np below the new size?)"
     )
     return wait_to_join(d, sc, m, new, "WaitingForHorovod", failed, waiting)
 
