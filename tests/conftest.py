@@ -74,3 +74,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return group_of(nodeid)
 
     return ByGroup(config, log)
+
+
+# The training process is the suite's critical path, and its trainings are latency-bound (each
+# step an allreduce that waits for the slowest rank): beside the integration halves on two
+# cores they ran 3x slower than alone. The halves run at a lower CPU priority, their clusters
+# too (started after, they inherit it): the trainings get a core when they need one, and the
+# halves take what the trainings leave. Only side by side (3 processes or more): alone, a
+# process may run both kinds.
+HALF_NICE = 4
+_niced: list[bool] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    side_by_side = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1) >= 3
+    if side_by_side and not _niced and group_of(item.nodeid).startswith("integration-"):
+        os.nice(HALF_NICE)
+        _niced.append(True)
