@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from localcluster.tour import scene
+from localcluster.tour import TRANSITION_TIMEOUT, scene
 from localcluster.world import ROOT, Chain, Timeout, wait_for
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
@@ -160,7 +160,10 @@ class Elastic:
         act()
         try:
             t = wait_for(
-                lambda: self.run().first_epoch_at(size, t0), 120, f"{what}: size {size}", 0.2
+                lambda: self.run().first_epoch_at(size, t0),
+                TRANSITION_TIMEOUT,
+                f"{what}: size {size}",
+                0.2,
             )
         except Timeout as exc:
             get = lambda *a: str(self.c.kubectl("-n", self.ns, *a, check=False).stdout)  # noqa: E731

@@ -76,6 +76,12 @@ class Training:
         return None
 
 
+# How long a transition may take to reach its first training step at the new size: alone,
+# 1-25 s; on a loaded two-core machine a ScaleOut's new worker took 50-85 s just to start its
+# process and join Horovod's rendezvous (the suite beside it). A bound to tell a stuck tour,
+# not a speed goal (the tour prints each transition's time; bench/ holds the goals).
+TRANSITION_TIMEOUT = 180
+
 # A Python traceback's frames and carets: what horovodrun raised is on the lines around them.
 FRAME = re.compile(r'^(\[\d+\]<std\w+>:)?\s+(File "|\^+$|\S.*\)$)')
 
@@ -122,7 +128,7 @@ class Tour:
         try:
             t = wait_for(
                 lambda: tr.first_step_at(size, t0),
-                90 * self.slow,
+                TRANSITION_TIMEOUT * self.slow,
                 f"training at size {size} after {what}",
                 interval=0.2,
             )

@@ -108,6 +108,13 @@ def demo_up(state: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     return demo, "".join(seen)
 
 
+def failure(out: str) -> str:
+    """What to show of a failed demo: the failed step's scene whole (the objects, events, the
+    operator's and horovodrun's lines), else the output's end."""
+    at = out.find("--- objects")
+    return out[max(0, at - 500) :][-12000:] if at >= 0 else out[-3000:]
+
+
 def demo_down(state: Path) -> subprocess.CompletedProcess[str]:
     """`make demo-down` for this test's demo only: without --dir it would stop every demo on
     this machine, a user's too."""
@@ -135,7 +142,7 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
             "export KUBECONFIG=",
             "kubectl create -f examples/scale_out.yaml",
         ):
-            assert stage in out, out[-3000:]
+            assert stage in out, failure(out)
         assert "elastic-training-scaleout" in out  # what kubectl get tj,so,si showed
         timings = json.loads(results.read_text())
         assert set(timings) == {
