@@ -311,6 +311,7 @@ class RealNode:
             if controller.is_dir() and not controller.is_symlink():
                 (controller / self.cgroup_root).mkdir(exist_ok=True)
         (CGROUP / "pids" / self.cgroup_root / "daemons").mkdir(exist_ok=True)
+        procs.weigh_as_self(CGROUP / "cpu" / self.cgroup_root)
 
     def _kubelet(self) -> None:
         kdir = self.kubelet_dir

@@ -21,15 +21,49 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# The kernel's CPU weight of each nice level 0..19 (sched_prio_to_weight): a cgroup's cpu.shares
+# that weighs as much as a process at that nice.
+NICE_WEIGHTS = (
+    1024,
+    820,
+    655,
+    526,
+    423,
+    335,
+    272,
+    215,
+    172,
+    137,
+    110,
+    87,
+    70,
+    56,
+    45,
+    36,
+    29,
+    23,
+    18,
+    15,
+)
+
+
 def _yield_cpu(nice: int) -> None:
-    """In the child, in its new session: a lower CPU priority for it and its threads, and for
-    its session's scheduling group where the kernel groups by session (autogroup): there a
-    thread's nice counts only within its own session, so `nice` alone would leave it the
-    equal of every other session's process."""
-    os.nice(nice)
+    """In the child, in its new session: `nice` more than its parent's for it and its threads,
+    and the same for its session's scheduling group where the kernel groups by session
+    (autogroup): there a thread's nice counts only within its own session, so the inherited
+    nice alone would leave a niced run's apiserver the equal of every other session."""
+    level = os.nice(nice)
     group = Path("/proc/self/autogroup")
-    if group.exists():
-        group.write_text(str(nice))
+    if level > 0 and group.exists():
+        group.write_text(str(level))
+
+
+def weigh_as_self(cgroup: Path) -> None:
+    """A cpu cgroup of ours (a node's root: all its pods) weighs what this process does: a
+    cluster started by a niced run yields to the others as its processes do."""
+    shares = cgroup / "cpu.shares"
+    if shares.exists():
+        shares.write_text(str(NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
 
 
 def spawn(
@@ -39,12 +73,12 @@ def spawn(
     cwd: Path | None = None,
     nice: int = 0,
 ) -> subprocess.Popen[bytes]:
-    """`argv` in a session of its own, output to `log`; `nice` > 0 lowers its CPU priority."""
+    """`argv` in a session of its own, output to `log`, at this process's CPU priority lowered
+    by `nice`."""
 
     def prepare() -> None:
         _die_with_parent()
-        if nice:
-            _yield_cpu(nice)
+        _yield_cpu(nice)
 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:

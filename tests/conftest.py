@@ -80,8 +80,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # step an allreduce that waits for the slowest rank): beside the integration halves on two
 # cores they ran 3x slower than alone. The halves run at a lower CPU priority, their clusters
 # too (started after, they inherit it): the trainings get a core when they need one, and the
-# halves take what the trainings leave. Only side by side (3 processes or more): alone, a
-# process may run both kinds.
+# halves take what the trainings leave. The kernel here groups CPU time by session (autogroup)
+# and a node's pods by its cgroup root, so the nice reaches them through localcluster/procs.py
+# (each child's session group, each node's cpu.shares), not by inheritance alone. Only side by
+# side (3 processes or more): alone, a process may run both kinds.
 HALF_NICE = 4
 _niced: list[bool] = []
 
