@@ -24,27 +24,8 @@ def _die_with_parent() -> None:
 # The kernel's CPU weight of each nice level 0..19 (sched_prio_to_weight): a cgroup's cpu.shares
 # that weighs as much as a process at that nice.
 NICE_WEIGHTS = (
-    1024,
-    820,
-    655,
-    526,
-    423,
-    335,
-    272,
-    215,
-    172,
-    137,
-    110,
-    87,
-    70,
-    56,
-    45,
-    36,
-    29,
-    23,
-    18,
-    15,
-)
+    1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45, 36, 29, 23, 18, 15,
+)  # fmt: skip
 
 
 def _yield_cpu(nice: int) -> None:
