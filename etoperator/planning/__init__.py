@@ -27,10 +27,10 @@ from etoperator.planning.rules import (
     script_argv,
     victims_by_count,
 )
-from etoperator.planning.views import JobInput, Plan, PodView, ScalerView
+from etoperator.planning.views import BasicsView, JobInput, Plan, PodView, ScalerView
 
 __all__ = [
-    "JobInput", "Plan", "PodView", "ScalerView", "check_scale_in", "check_scale_out",
+    "BasicsView", "JobInput", "Plan", "PodView", "ScalerView", "check_scale_in", "check_scale_out",
     "plan_job", "plan_orphan_scaler", "replaces", "scaler_order", "script_argv",
     "victims_by_count",
 ]  # fmt: skip

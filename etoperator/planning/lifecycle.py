@@ -4,8 +4,13 @@ plan (Services, replica counts, when to come back)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from etoperator import naming
 from etoperator import status as st
+from etoperator.api.statuses import JobStatus
+from etoperator.clock import iso
 from etoperator.planning import gangs, queueing
 from etoperator.planning.draft import Draft
 from etoperator.planning.ends import wind_down
@@ -47,6 +52,7 @@ def plan_pass(d: Draft) -> Plan:
         d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job_spec.name} is created")
     update_blocked(d)
     phase = d.status.phase
+    make_basics(d)
     if inp.hold and phase not in st.TERMINAL:
         d.plan.requeue = 5.0
         return d.plan  # status only: nothing moves until the job's basics are there
@@ -80,6 +86,19 @@ def plan_pass(d: Draft) -> Plan:
     return complete_plan(d)
 
 
+def make_basics(d: Draft) -> None:
+    """What the job's pods need, made when missing before any pod (a job that ended needs none):
+    its Secret and ConfigMap (remade with the key pair and hosts the job has), the launcher's
+    account, Role and binding, and a Role an older operator made brought up to date."""
+    if d.status.phase in st.TERMINAL:
+        return
+    have = d.inp.basics
+    d.plan.make_secret = not have.secret
+    d.plan.make_config_map = not have.config_map
+    d.plan.make_access = have.access
+    d.plan.update_role = not have.role_current
+
+
 def update_blocked(d: Draft) -> None:
     """Blocked/ChildConflict while something of ours is in the way, cleared once it is not;
     Blocked/APIRefused (set when a write was refused) cleared once writes pass again."""
@@ -92,6 +111,15 @@ def update_blocked(d: Draft) -> None:
         d.set_cond("Blocked", "False", "Resolved", "nothing blocks the job")
     elif reason == "APIRefused" and d.inp.refusal_over:
         d.set_cond("Blocked", "False", "Resolved", "the API server accepts the job's writes")
+
+
+def plan_refused(status: dict[str, Any], message: str, now: datetime) -> dict[str, Any] | None:
+    """The job's status once the apiserver refused one of a pass's writes: Blocked/APIRefused
+    with the server's words (cleared by `update_blocked` once writes pass again); None when it
+    says so already (said once, not on every retry)."""
+    conditions = JobStatus.from_dict(status).conditions or []
+    new, changed = st.set_condition(conditions, "Blocked", "True", "APIRefused", message, iso(now))
+    return {**status, "conditions": new} if changed else None
 
 
 def refuse_invalid(d: Draft, error: str) -> None:

@@ -113,6 +113,16 @@ class GangView:
 
 
 @dataclass(frozen=True)
+class BasicsView:
+    """What a job's pods need before any is made, as the watches show it."""
+
+    secret: bool = True  # the job's own SSH Secret is there (or the job names a user's)
+    config_map: bool = True
+    access: tuple[tuple[str, str], ...] = ()  # the launcher's account, Role, binding missing
+    role_current: bool = True  # the launcher's Role grants what its script needs now
+
+
+@dataclass(frozen=True)
 class JobInput:
     name: str
     namespace: str
@@ -128,6 +138,7 @@ class JobInput:
     public_key: str | None = None  # the job's SSH public key, recorded for a later rotation
     squatted: tuple[str, ...] = ()  # worker names held by pods that are not this job's
     hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
+    basics: BasicsView = BasicsView()
     launcher_access: bool = True  # the launcher's account, Role and binding are there
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
     queue: QueueView | None = None  # labelled for Kueue: its Workload
@@ -170,4 +181,10 @@ class Plan:
     workload_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
     release_admission: str = ""  # the eviction's reason, when given back
     make_gang: bool = False  # the Workload and PodGroup of a gang job, before its workers
+    # The basics made first: the job's Secret and ConfigMap (when missing), the launcher's
+    # account, Role and binding (kind, name) and its Role's rules brought up to date.
+    make_secret: bool = False
+    make_config_map: bool = False
+    make_access: tuple[tuple[str, str], ...] = ()
+    update_role: bool = False
     placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates

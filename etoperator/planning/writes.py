@@ -3,6 +3,9 @@
 The reconciler runs this list and nothing else (reconcile/job.py `JobReconciler.act`); the planner's
 crash tests replay the same list (tests/unit/test_replicas.py). The order is what makes a crash
 or a 409 between any two writes harmless:
+  the basics a job's pods need (its Secret and ConfigMap, the launcher's access): a pod is
+  never made before them, and when one of them meets an object in the way, the pass makes no
+  child (the next pass says why: Blocked);
   scalers adopted, then scaler statuses (a scaler's frozen plan before the job acts on it);
   the job status, then the spec replicas it accepted (replicasBefore marks them as ours until
   they land); then, when the job's pods may be touched at all: the gang's objects before the
@@ -10,8 +13,10 @@ or a 409 between any two writes harmless:
   that is going); deletes; the workers' Services and pods; the launcher; the replicas scalers
   `kubectl scale` asked for; last the Kueue Workload writes (after the pods, so a shrink gives
   its quota back once done).
-Off the list by design: Events (the recorder posts them after the writes they tell of) and
-scaler scripts (run on the launcher, recorded there; reconcile/scripts.py)."""
+Off the list by design: Events (the recorder posts them after the writes they tell of),
+scaler scripts (run on the launcher, recorded there; reconcile/scripts.py), and the making of
+the launcher's access, which MakeLauncherAccess hands to a pool of its own (a Role or binding
+can take the apiserver a second; the launcher waits for them)."""
 
 from __future__ import annotations
 
@@ -19,6 +24,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from etoperator.planning.views import Plan
+
+
+@dataclass(frozen=True)
+class MakeBasics:
+    """The job's SSH Secret and ConfigMap, those missing, made at once (independent creates)."""
+
+    secret: bool
+    config_map: bool
+
+
+@dataclass(frozen=True)
+class MakeLauncherAccess:
+    objects: tuple[tuple[str, str], ...]  # kind, name: made in order, off the pass
+
+
+@dataclass(frozen=True)
+class UpdateLauncherRole:
+    pass
 
 
 @dataclass(frozen=True)
@@ -84,8 +107,9 @@ class QueueWrites:
 
 
 Write = (
-    AdoptScaler | ScalerStatus | JobStatusWrite | SpecReplicas | MakeGang | HostList
-    | DeletePod | WorkerObjects | MakeLauncher | MakeScaler | QueueWrites
+    MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatus
+    | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
+    | MakeLauncher | MakeScaler | QueueWrites
 )  # fmt: skip
 
 
@@ -93,7 +117,14 @@ def ordered(plan: Plan, old_status: dict[str, Any], pods: bool, queued: bool) ->
     """The plan's writes in order. `pods`: the job's children may be touched this pass (its
     spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queued`: the job is
     in a queue or still has Workloads."""
-    writes: list[Write] = [AdoptScaler(k) for k in plan.adopt_scalers]
+    writes: list[Write] = []
+    if plan.make_secret or plan.make_config_map:
+        writes.append(MakeBasics(plan.make_secret, plan.make_config_map))
+    if plan.make_access:
+        writes.append(MakeLauncherAccess(plan.make_access))
+    if plan.update_role:
+        writes.append(UpdateLauncherRole())
+    writes += [AdoptScaler(k) for k in plan.adopt_scalers]
     writes += [ScalerStatus(k, new) for k, new in plan.scaler_status.items()]
     if plan.status != old_status:
         writes.append(JobStatusWrite(plan.status))
@@ -115,5 +146,7 @@ def ordered(plan: Plan, old_status: dict[str, Any], pods: bool, queued: bool) ->
     return writes
 
 
+# The writes before the statuses: what a job's pods need.
+BASICS_WRITES = (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)
 # The writes before the pass's events: the scalers' and the job's own objects.
 STATUS_WRITES = (AdoptScaler, ScalerStatus, JobStatusWrite, SpecReplicas)

@@ -22,6 +22,7 @@ from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
+from etoperator.planning.views import BasicsView
 from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, Writes, in_parallel, job_id
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Acted:
     """What acting on a job's children met, said on the job by its next pass."""
 
     problems: list[str] = field(default_factory=list)  # objects of others in the way
+    held: list[str] = field(default_factory=list)  # of them, in the way of the job's basics
     squatted: list[str] = field(default_factory=list)  # worker names others' pods hold
 
 
@@ -63,29 +65,58 @@ class Children:
         assert spec.ssh_secret is not None
         return self.kube.get("Secret", spec.namespace, spec.ssh_secret)
 
-    def ensure_basics(self, obs: Observed) -> list[str]:
-        """Secret, ConfigMap and the launcher's RBAC (as the watches show them, so this costs
-        no request unless something is missing); what stands in their way, if anything."""
+    def basics_seen(self, obs: Observed) -> tuple[list[str], BasicsView]:
+        """What the job's pods need, as the watches show it (a request only for a Secret the
+        job names that is not its own, at most every few minutes), and what stands in its way:
+        such a Secret wanting, or what the last making of the launcher's access met."""
         spec = obs.spec
         assert spec is not None
         if JobStatus.from_dict(obs.job.get("status")).phase in st.TERMINAL:
-            return []
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+            return [], BasicsView()
         problems = self.check_user_secret(spec) if spec.ssh_secret else []
         problems += self.check_template_secrets(spec)
-        tasks: list[Callable[[], list[str]]] = []
-        if not spec.ssh_secret and obs.secret is None:
-            tasks.append(partial(self.repair_secret, obs, owner))
-        elif obs.secret is not None:
-            self.keys.public[job_id(spec.namespace, spec.name, spec.uid)] = ssh.public_key(
-                obs.secret
-            )
-        if obs.configmap is None:
-            tasks.append(partial(self.repair_config_map, obs, owner))
-        problems += self.launcher_access(obs, owner)
-        return problems + [p for found in in_parallel(self.pool, tasks) for p in found]
+        jid = job_id(spec.namespace, spec.name, spec.uid)
+        if obs.secret is not None:
+            self.keys.public[jid] = ssh.public_key(obs.secret)
+        problems += self.access_made(jid)
+        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        unseen = self.writes.unseen(obs)
+        missing = tuple(
+            ref
+            for o in wanted
+            if (ref := (o["kind"], o["metadata"]["name"])) not in obs.present and ref not in unseen
+        )
+        role = next(o for o in wanted if o["kind"] == "Role")
+        view = BasicsView(
+            secret=bool(spec.ssh_secret) or obs.secret is not None,
+            config_map=obs.configmap is not None,
+            access=() if self.making_access(jid) else missing,
+            role_current=not obs.role or obs.role.get("rules") == role["rules"],
+        )
+        return problems, view
 
-    def launcher_access(self, obs: Observed, owner: Owner) -> list[str]:
+    def access_made(self, jid: str) -> list[str]:
+        """What the launcher's access met when last made (once), none while it is being made."""
+        making = self._access.get(jid)
+        if making is None or not making.done():
+            return []
+        del self._access[jid]
+        return making.result()
+
+    # -- the basics' writes (planning/writes.py), first in a pass ------------------------------
+
+    def make_basics(self, obs: Observed, secret: bool, config_map: bool) -> list[str]:
+        """The job's Secret and ConfigMap, those asked, made at once; what is in their way."""
+        assert obs.spec is not None
+        owner = Owner(naming.JOB_KIND, obs.spec.name, obs.spec.uid)
+        tasks: list[Callable[[], list[str]]] = []
+        if secret:
+            tasks.append(partial(self.repair_secret, obs, owner))
+        if config_map:
+            tasks.append(partial(self.repair_config_map, obs, owner))
+        return [p for found in in_parallel(self.pool, tasks) for p in found]
+
+    def make_launcher_access(self, obs: Observed, objects: tuple[tuple[str, str], ...]) -> None:
         """The launcher's account, Role and binding, made off the pass: only the launcher needs
         them (it waits for them: `access_ready`), and the apiserver makes a Role or binding
         slowly where a namespace holds many (it lists every binding there to rule out an
@@ -94,26 +125,21 @@ class Children:
         spec = obs.spec
         assert spec is not None
         jid = job_id(spec.namespace, spec.name, spec.uid)
-        making = self._access.get(jid)
-        if making is not None and not making.done():
-            return []
-        if making is not None:
-            del self._access[jid]
-            if problems := making.result():
-                return problems
-        wanted = rbac.launcher_rbac(spec, owner)
-        unseen = self.writes.unseen(obs)
-        missing = [
-            o
-            for o in wanted
-            if (ref := (o["kind"], o["metadata"]["name"])) not in obs.present and ref not in unseen
-        ]
-        if missing:
+        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        missing = [o for o in wanted if (o["kind"], o["metadata"]["name"]) in objects]
+        if missing and not self.making_access(jid):
             self._access[jid] = self.access_pool.submit(self.make_access, obs, missing)
+
+    def update_launcher_role(self, obs: Observed) -> None:
+        """A Role made by an older operator: grant what the current launcher script needs."""
+        spec = obs.spec
+        assert spec is not None and obs.role is not None
+        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
         role = next(o for o in wanted if o["kind"] == "Role")
-        if role not in missing and obs.role and obs.role.get("rules") != role["rules"]:
-            self.update_role(obs.role, role)
-        return []
+        meta = obs.role["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "rules": role["rules"]}
+        self.kube.patch("Role", meta["namespace"], meta["name"], body)
+        log.info("Updated Role namespace=%s name=%s", meta["namespace"], meta["name"])
 
     def make_access(self, obs: Observed, missing: list[dict[str, Any]]) -> list[str]:
         """In order: a binding is refused before the Role it binds exists."""
@@ -129,13 +155,6 @@ class Children:
         owner = Owner(naming.JOB_KIND, obs.spec.name, obs.spec.uid)
         wanted = rbac.launcher_rbac(obs.spec, owner)
         return all((o["kind"], o["metadata"]["name"]) in obs.present for o in wanted)
-
-    def update_role(self, role: dict[str, Any], wanted: dict[str, Any]) -> None:
-        """A Role made by an older operator: grant what the current launcher script needs."""
-        meta = role["metadata"]
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "rules": wanted["rules"]}
-        self.kube.patch("Role", meta["namespace"], meta["name"], body)
-        log.info("Updated Role namespace=%s name=%s", meta["namespace"], meta["name"])
 
     def check_user_secret(self, spec: JobSpec) -> list[str]:
         """The Secret the annotation names: not the job's own, so not watched; read again at

@@ -32,21 +32,27 @@ from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
-from etoperator.clock import iso, utcnow
+from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
+from etoperator.planning.lifecycle import plan_refused
+from etoperator.planning.views import BasicsView
 from etoperator.planning.writes import (
+    BASICS_WRITES,
     STATUS_WRITES,
     AdoptScaler,
     DeletePod,
     HostList,
     JobStatusWrite,
+    MakeBasics,
     MakeGang,
     MakeLauncher,
+    MakeLauncherAccess,
     MakeScaler,
     QueueWrites,
     ScalerStatus,
     SpecReplicas,
+    UpdateLauncherRole,
     WorkerObjects,
     Write,
     ordered,
@@ -199,8 +205,8 @@ class JobReconciler:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         jid = job_id(namespace, name, job["metadata"]["uid"])
         acted = self._acted.get(jid, Acted())
-        with metrics.pass_step(took, "basics"):
-            basics = self.children.ensure_basics(obs) if obs.spec is not None else []
+        basics, have = self.children.basics_seen(obs) if obs.spec is not None else ([], None)
+        held = basics + acted.held
         with metrics.pass_step(took, "views"):
             pods, scalers = self.observer.pod_views(obs), self.observer.scaler_views(obs)
         inp = JobInput(
@@ -214,8 +220,9 @@ class JobReconciler:
             scalers=scalers,
             now=self.clock(),
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
-            problems=(*basics, *acted.problems),
-            hold=bool(basics),
+            problems=(*held, *acted.problems),
+            hold=bool(held),
+            basics=have or BasicsView(),
             launcher_access=obs.spec is not None and self.children.access_ready(obs),
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
@@ -240,11 +247,8 @@ class JobReconciler:
         self._refused.discard(jid)
         # Blocked conditions follow the world one pass later: come back soon to say so.
         blocked = st.condition(JobStatus.from_dict(plan.status).conditions or [], "Blocked") or {}
-        if (
-            blocked.get("status") == "True"
-            and not basics
-            and not self._acted.get(jid, Acted()).problems
-        ):
+        now = self._acted.get(jid, Acted())
+        if blocked.get("status") == "True" and not basics and not now.problems and not now.held:
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
         if self.children.making_access(jid) and plan.requeue > ACCESS_CHECK.seconds:
             return ACCESS_CHECK
@@ -262,30 +266,33 @@ class JobReconciler:
 
     def report_refused(self, obs: Observed, exc: ApiError) -> None:
         """A write the apiserver refused (RBAC, admission, quota, validation): said on the job
-        once, as Blocked/APIRefused with the server's words, and retried after a while."""
+        once, as Blocked/APIRefused with the server's words, and retried after a while. The
+        status write is preconditioned like a pass's: if the pass wrote the job before the
+        refusal, it is read again once."""
+        meta = obs.job["metadata"]
         log.warning(
             "Refused namespace=%s job=%s error=%s retry_in=%.0fs",
-            obs.job["metadata"]["namespace"], obs.job["metadata"]["name"], exc, REFUSED.seconds,
+            meta["namespace"], meta["name"], exc, REFUSED.seconds,
         )  # fmt: skip
         message = f"the API server refused a write: {exc}"
         if exc.request:
             message = f"the API server refused {exc.request}: {exc}"
-        if self._set_blocked(obs, "True", "APIRefused", message):
-            self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
-
-    def _set_blocked(self, obs: Observed, status: str, reason: str, message: str) -> bool:
-        conds = JobStatus.from_dict(obs.job.get("status")).conditions or []
-        new, changed = st.set_condition(
-            conds, "Blocked", status, reason, message, iso(self.clock())
-        )
-        if changed:
-            meta = obs.job["metadata"]
-            self.kube.patch(
-                naming.JOB_KIND, meta["namespace"], meta["name"], {"status": {"conditions": new}},
-                sub="status",
-            )  # fmt: skip
-            obs.job.setdefault("status", {})["conditions"] = new
-        return changed
+        job: dict[str, Any] | None = obs.job
+        for _ in range(2):
+            assert job is not None
+            new = plan_refused(job.get("status") or {}, message, self.clock())
+            if new is None:
+                return
+            try:
+                self.run_status_writes(job, {}, [JobStatusWrite(new)])
+                break
+            except Conflict:
+                job = self.kube.get(naming.JOB_KIND, meta["namespace"], meta["name"])
+                if job is None:
+                    return
+        else:
+            return
+        self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
 
     def write(
         self, body: dict[str, Any], change: dict[str, Any], sub: str | None = None
@@ -311,32 +318,53 @@ class JobReconciler:
         queued = spec is not None and bool(spec.queue or obs.workloads)
         writes = ordered(plan, obs.job.get("status") or {}, spec is not None and not inp.hold,
                          queued)  # fmt: skip
+        basics = [w for w in writes if isinstance(w, BASICS_WRITES)]
         statuses = [w for w in writes if isinstance(w, STATUS_WRITES)]
+        acted = Acted()
+        jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
+        with metrics.pass_step(took, "basics"):
+            for basic in basics:
+                acted.held += self.run_basics_write(obs, basic)
+            self._acted[jid] = acted
         with metrics.pass_step(took, "writes"):
-            scalers = self.run_status_writes(obs, inp, plan, statuses)
+            scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+            scalers = self.run_status_writes(obs.job, scalers, statuses)
+            for kind, result, secs in plan.settled_scalers:
+                metrics.SCALES.labels(kind, result).inc()
+                metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
             self.post_events(obs, inp, plan, scalers)
-        if spec is None or inp.hold:
-            return
+        if spec is None or inp.hold or acted.held:
+            return  # no child before its basics: the next pass says what is in their way
         with metrics.pass_step(took, "children"):
-            acted = Acted()
-            for w in writes[len(statuses) :]:
+            for w in writes[len(basics) + len(statuses) :]:
                 self.run_child_write(obs, spec, plan, w, acted)
-            self._acted[job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])] = acted
             self.scripts.run(obs, plan)
 
+    def run_basics_write(self, obs: Observed, w: Write) -> list[str]:
+        """One write of what the job's pods need; what was in the way."""
+        if isinstance(w, MakeBasics):
+            return self.children.make_basics(obs, w.secret, w.config_map)
+        if isinstance(w, MakeLauncherAccess):
+            self.children.make_launcher_access(obs, w.objects)
+        elif isinstance(w, UpdateLauncherRole):
+            self.children.update_launcher_role(obs)
+        return []
+
     def run_status_writes(
-        self, obs: Observed, inp: JobInput, plan: Plan, writes: Sequence[Write]
+        self,
+        job: dict[str, Any],
+        scalers: dict[tuple[str, str], dict[str, Any]],
+        writes: Sequence[Write],
     ) -> dict[tuple[str, str], dict[str, Any]]:
         """Scalers adopted and their statuses (frozen plans first), the job status, the spec
         replicas it accepted; each preconditioned on the version read (a 409 ends the pass).
         Returns the scalers by (kind, name) as last written (adopted) or read."""
-        job = obs.job
-        scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
+        scalers = dict(scalers)
         latest = job
         for w in writes:
             if isinstance(w, AdoptScaler):
                 refs = scalers[w.kind_name]["metadata"].get("ownerReferences") or []
-                owner = Owner(naming.JOB_KIND, inp.name, job["metadata"]["uid"])
+                owner = Owner(naming.JOB_KIND, job["metadata"]["name"], job["metadata"]["uid"])
                 others = [r for r in refs if not r.get("controller")]
                 change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
                 scalers[w.kind_name] = self.write(scalers[w.kind_name], change)
@@ -345,15 +373,12 @@ class JobReconciler:
                 self.write(scalers[w.kind_name], {"status": merge_patch(old, w.status)}, "status")
             elif isinstance(w, JobStatusWrite):
                 change = {"status": merge_patch(job.get("status") or {}, w.status)}
-                latest = self.write(job, change, sub="status")
+                latest = self.write({**job, "kind": naming.JOB_KIND}, change, sub="status")
             elif isinstance(w, SpecReplicas):
                 replicas = {"worker": {"replicas": w.replicas}}
                 self.write(
                     {**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}}
                 )
-        for kind, result, secs in plan.settled_scalers:
-            metrics.SCALES.labels(kind, result).inc()
-            metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
         return scalers
 
     def run_child_write(

@@ -273,15 +273,17 @@ def test_workers_start_while_the_launchers_rbac_is_made(cluster: Cluster, ns: st
     assert cluster.api.get("RoleBinding", ns, "slowrb-launcher") is not None
 
 
+@pytest.mark.parametrize("chosen", ["by name", "by pattern"])
 def test_an_operator_of_chosen_namespaces_forgets_the_jobs_of_one_deleted(
-    cluster: Cluster,
+    cluster: Cluster, chosen: str
 ) -> None:
     """Run with -n, the operator starts at once (kopf listed every namespace to find the
     chosen ones, and the 403 of an install confined to them was retried for minutes), and a
     deleted namespace is not asked about again and again (a loop per vanished job was seen:
-    a GET of the namespace per job per resync)."""
+    a GET of the namespace per job per resync). A pattern (`-n 'team-*'`) has kopf follow the
+    namespaces that match: it stops a deleted one's watches, maybe before its jobs' deletions."""
     ns = cluster.new_namespace()
-    extra = ["-n", ns, "--resync", "1"]
+    extra = ["-n", ns if chosen == "by name" else ns[:-1] + "*", "--resync", "1"]
     with cluster.operators_instead(["chosen"], extra) as ours:
         for name in ("gone0", "gone1"):
             cluster.create(job(name), ns)

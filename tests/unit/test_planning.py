@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job, parse_scaler
 from etoperator.planning import (
+    BasicsView,
     JobInput,
     Plan,
     PodView,
@@ -19,6 +20,7 @@ from etoperator.planning import (
     replaces,
     victims_by_count,
 )
+from etoperator.planning.lifecycle import plan_refused
 from localcluster.manifests import job, scalein, scaleout
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
@@ -127,6 +129,44 @@ def test_the_launcher_waits_for_its_account_role_and_binding() -> None:
     assert ready["status"] == "True" and plan.requeue == 60.0
     later = plan_job(dataclasses.replace(without, status=plan.status, launcher_access=True))
     assert later.create_launcher
+
+
+def test_a_jobs_missing_basics_are_made_first_and_an_ended_job_gets_none() -> None:
+    """Its Secret and ConfigMap (deleted under it, or never made), the launcher's access and a
+    Role an older operator made: planned on every pass that finds them so, even while the job
+    is held (what is in their way is said, then made once it is gone)."""
+    s = plan_job(inp(jspec(), {}, [])).status
+    lost = BasicsView(
+        secret=False, config_map=False, access=(("Role", "j-launcher"),), role_current=False
+    )
+    running = dataclasses.replace(inp(jspec(), s, [w(0), w(1)]), basics=lost)
+    for held in (False, True):
+        plan = plan_job(dataclasses.replace(running, hold=held))
+        assert (plan.make_secret, plan.make_config_map, plan.update_role) == (True, True, True)
+        assert plan.make_access == (("Role", "j-launcher"),)
+    whole = plan_job(dataclasses.replace(running, basics=BasicsView()))
+    assert not (whole.make_secret or whole.make_config_map or whole.make_access)
+    ended = plan_job(dataclasses.replace(running, status={**s, "phase": "Succeeded"}))
+    assert not (ended.make_secret or ended.make_config_map or ended.make_access)
+
+
+def blocked_of(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Blocked")
+
+
+def test_a_refused_write_is_said_once_and_cleared_once_writes_pass() -> None:
+    s = plan_job(inp(jspec(), {}, [])).status
+    said = plan_refused(s, "the API server refused create Pod: forbidden", NOW)
+    assert said is not None
+    blocked = blocked_of(said)
+    assert (blocked["status"], blocked["reason"]) == ("True", "APIRefused")
+    assert "forbidden" in blocked["message"] and said["phase"] == s["phase"]
+    assert plan_refused(said, "the API server refused create Pod: forbidden", NOW) is None
+    still = plan_job(inp(jspec(), said, []))
+    assert blocked_of(still.status)["status"] == "True"
+    over = plan_job(dataclasses.replace(inp(jspec(), said, []), refusal_over=True))
+    cleared = blocked_of(over.status)
+    assert (cleared["status"], cleared["reason"]) == ("False", "Resolved")
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ from etoperator.planning.writes import (
     DeletePod,
     HostList,
     JobStatusWrite,
+    MakeBasics,
     MakeGang,
     MakeLauncher,
+    MakeLauncherAccess,
     MakeScaler,
     QueueWrites,
     ScalerStatus,
@@ -34,6 +36,10 @@ EVERYTHING = Plan(
     create_scalers=[{"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}],
     spec_replicas=2,
     make_gang=True,
+    make_secret=True,
+    make_config_map=True,
+    make_access=(("ServiceAccount", "j-launcher"), ("Role", "j-launcher")),
+    update_role=True,
 )
 
 
@@ -43,6 +49,12 @@ def kinds(writes: Sequence[object]) -> list[str]:
 
 def test_every_write_of_a_pass_in_its_one_order() -> None:
     writes = ordered(EVERYTHING, {}, pods=True, queued=True)
+    basics, writes = writes[:3], writes[3:]
+    assert kinds(basics) == ["MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole"]
+    assert basics[0] == MakeBasics(secret=True, config_map=True)
+    assert basics[1] == MakeLauncherAccess(
+        (("ServiceAccount", "j-launcher"), ("Role", "j-launcher"))
+    )
     assert kinds(writes) == [
         "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas", "MakeGang", "HostList",
         "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler", "QueueWrites",
@@ -66,4 +78,7 @@ def test_a_status_as_read_is_not_written_again() -> None:
 def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     """Its spec unreadable, or the Secret, ConfigMap or RBAC its pods need missing."""
     writes = ordered(EVERYTHING, {}, pods=False, queued=True)
-    assert kinds(writes) == ["AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas"]
+    assert kinds(writes) == [
+        "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
+        "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas",
+    ]  # fmt: skip
