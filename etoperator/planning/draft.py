@@ -4,12 +4,13 @@ are functions in lifecycle.py, membership.py, scaling.py and ends.py that take t
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
-from etoperator.api.statuses import JobStatus, scaler_status
+from etoperator.api.statuses import scaler_status
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, ScalerView
@@ -50,9 +51,9 @@ class Draft:
     def __init__(self, inp: JobInput) -> None:
         self.inp = inp
         self.now = iso(inp.now)
-        self.observed = JobStatus.from_dict(inp.status)  # as read: what the pass started from
-        self.status = JobStatus.from_dict(inp.status)  # what the pass will write
-        self.plan = Plan(status={})  # filled from self.status when the pass is planned
+        self.observed = copy.deepcopy(inp.status)  # as read: what the pass started from
+        self.status = copy.deepcopy(inp.status)  # what the pass will write
+        self.plan = Plan(status=self.status)
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
         self.launcher = next((p for p in inp.pods if p.role == naming.ROLE_LAUNCHER), None)
         self.scalers = {s.kind_name: s for s in inp.scalers}

@@ -4,8 +4,8 @@ plan (Services, replica counts, when to come back)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
-from typing import Any
 
 from etoperator import naming
 from etoperator import status as st
@@ -23,7 +23,7 @@ def plan_job(inp: JobInput) -> Plan:
     """Everything the reconciler should do for one job and its scalers, from one observation."""
     d = Draft(inp)
     plan = plan_pass(d)
-    plan.status = d.status.to_dict()
+    plan.status = d.status
     return plan
 
 
@@ -113,13 +113,13 @@ def update_blocked(d: Draft) -> None:
         d.set_cond("Blocked", "False", "Resolved", "the API server accepts the job's writes")
 
 
-def plan_refused(status: dict[str, Any], message: str, now: datetime) -> dict[str, Any] | None:
+def plan_refused(status: JobStatus, message: str, now: datetime) -> JobStatus | None:
     """The job's status once the apiserver refused one of a pass's writes: Blocked/APIRefused
     with the server's words (cleared by `update_blocked` once writes pass again); None when it
     says so already (said once, not on every retry)."""
-    conditions = JobStatus.from_dict(status).conditions or []
+    conditions = status.conditions or []
     new, changed = st.set_condition(conditions, "Blocked", "True", "APIRefused", message, iso(now))
-    return {**status, "conditions": new} if changed else None
+    return dataclasses.replace(status, conditions=new) if changed else None
 
 
 def refuse_invalid(d: Draft, error: str) -> None:

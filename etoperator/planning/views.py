@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from etoperator.api.models import JobSpec, ScalerSpec
-from etoperator.api.statuses import ScaleOutStatus, ScalerStatus, scaler_status
+from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus, scaler_status
 from etoperator.builders.common import Placement
 from etoperator.status import Event
 
@@ -129,7 +129,7 @@ class JobInput:
     generation: int
     spec: JobSpec | None
     error: str | None
-    status: dict[str, Any]
+    status: JobStatus  # as read
     pods: list[PodView]
     scalers: list[ScalerView]
     now: datetime
@@ -147,7 +147,7 @@ class JobInput:
 
 @dataclass
 class Plan:
-    status: dict[str, Any]
+    status: JobStatus  # the job's, as the pass writes it
     create_workers: list[int] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     stop_now: list[str] = field(default_factory=list)  # of delete_pods: no wait for Horovod

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from etoperator.api.statuses import JobStatus
 from etoperator.planning.views import Plan
 
 
@@ -57,7 +58,7 @@ class ScalerStatus:
 
 @dataclass(frozen=True)
 class JobStatusWrite:
-    status: dict[str, Any]
+    status: JobStatus
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ Write = (
 )  # fmt: skip
 
 
-def ordered(plan: Plan, old_status: dict[str, Any], pods: bool, queued: bool) -> list[Write]:
+def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list[Write]:
     """The plan's writes in order. `pods`: the job's children may be touched this pass (its
     spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queued`: the job is
     in a queue or still has Workloads."""

@@ -353,7 +353,7 @@ class Children:
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         secret, keys = self._pod_keys(spec, True)
-        run = JobStatus.from_dict(plan.status).restart_count or 0
+        run = plan.status.restart_count or 0
         where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
         return self.create_child(obs, pods.launcher_pod(spec, owner, secret, keys, run, where))
 

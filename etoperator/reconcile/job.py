@@ -16,7 +16,6 @@ Every pass starts again from what is observed, so a pass cut short is finished b
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -215,7 +214,7 @@ class JobReconciler:
             generation=int(job["metadata"].get("generation") or 0),
             spec=obs.spec,
             error=obs.error,
-            status=copy.deepcopy(job.get("status") or {}),
+            status=JobStatus.from_dict(job.get("status")),
             pods=pods,
             scalers=scalers,
             now=self.clock(),
@@ -246,7 +245,7 @@ class JobReconciler:
             raise
         self._refused.discard(jid)
         # Blocked conditions follow the world one pass later: come back soon to say so.
-        blocked = st.condition(JobStatus.from_dict(plan.status).conditions or [], "Blocked") or {}
+        blocked = st.condition(plan.status.conditions or [], "Blocked") or {}
         now = self._acted.get(jid, Acted())
         if blocked.get("status") == "True" and not basics and not now.problems and not now.held:
             return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
@@ -280,7 +279,7 @@ class JobReconciler:
         job: dict[str, Any] | None = obs.job
         for _ in range(2):
             assert job is not None
-            new = plan_refused(job.get("status") or {}, message, self.clock())
+            new = plan_refused(JobStatus.from_dict(job.get("status")), message, self.clock())
             if new is None:
                 return
             try:
@@ -316,7 +315,7 @@ class JobReconciler:
         pass's events, then the children; the scripts, off the pass."""
         spec = inp.spec
         queued = spec is not None and bool(spec.queue or obs.workloads)
-        writes = ordered(plan, obs.job.get("status") or {}, spec is not None and not inp.hold,
+        writes = ordered(plan, inp.status, spec is not None and not inp.hold,
                          queued)  # fmt: skip
         basics = [w for w in writes if isinstance(w, BASICS_WRITES)]
         statuses = [w for w in writes if isinstance(w, STATUS_WRITES)]
@@ -372,7 +371,7 @@ class JobReconciler:
                 old = scalers[w.kind_name].get("status") or {}
                 self.write(scalers[w.kind_name], {"status": merge_patch(old, w.status)}, "status")
             elif isinstance(w, JobStatusWrite):
-                change = {"status": merge_patch(job.get("status") or {}, w.status)}
+                change = {"status": merge_patch(job.get("status") or {}, w.status.to_dict())}
                 latest = self.write({**job, "kind": naming.JOB_KIND}, change, sub="status")
             elif isinstance(w, SpecReplicas):
                 replicas = {"worker": {"replicas": w.replicas}}

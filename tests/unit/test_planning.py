@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job, parse_scaler
+from etoperator.api.statuses import JobStatus
 from etoperator.planning import (
     BasicsView,
     JobInput,
@@ -61,9 +62,17 @@ def running_status(
     }
 
 
+def cond_of(status: JobStatus, ctype: str) -> dict[str, Any]:
+    return next(c for c in status.conditions or [] if c["type"] == ctype)
+
+
+def typed(status: JobStatus | dict[str, Any]) -> JobStatus:
+    return status if isinstance(status, JobStatus) else JobStatus.from_dict(status)
+
+
 def inp(
     spec: JobSpec,
-    status: dict[str, Any],
+    status: JobStatus | dict[str, Any],
     pods: list[PodView],
     scalers: list[ScalerView] | None = None,
     now: datetime = NOW,
@@ -75,11 +84,11 @@ def inp(
         generation=1,
         spec=spec,
         error=None,
-        status=status,
+        status=typed(status),
         pods=pods,
         scalers=scalers or [],
         now=now,
-        published=published if published is not None else list(status.get("currentWorkers") or []),
+        published=published if published is not None else list(typed(status).current_workers or []),
     )
 
 
@@ -105,8 +114,8 @@ def scaler(
 def test_first_pass_creates_replicas_workers_and_nothing_else() -> None:
     plan = plan_job(inp(jspec(replicas=3), {}, []))
     assert plan.create_workers == [0, 1, 2] and not plan.create_launcher
-    assert plan.status["phase"] == "Created"
-    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    assert plan.status.phase == "Created"
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]
     assert plan.hosts == [] and plan.events[0].reason == "TrainingJobCreated"
 
 
@@ -125,7 +134,7 @@ def test_the_launcher_waits_for_its_account_role_and_binding() -> None:
     without = dataclasses.replace(inp(jspec(), s, [w(0), w(1)]), launcher_access=False)
     plan = plan_job(without)
     assert not plan.create_launcher and plan.hosts == ["j-worker-0", "j-worker-1"]
-    ready = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
+    ready = cond_of(plan.status, "WorkersReady")
     assert ready["status"] == "True" and plan.requeue == 60.0
     later = plan_job(dataclasses.replace(without, status=plan.status, launcher_access=True))
     assert later.create_launcher
@@ -146,12 +155,12 @@ def test_a_jobs_missing_basics_are_made_first_and_an_ended_job_gets_none() -> No
         assert plan.make_access == (("Role", "j-launcher"),)
     whole = plan_job(dataclasses.replace(running, basics=BasicsView()))
     assert not (whole.make_secret or whole.make_config_map or whole.make_access)
-    ended = plan_job(dataclasses.replace(running, status={**s, "phase": "Succeeded"}))
+    ended = plan_job(dataclasses.replace(running, status=dataclasses.replace(s, phase="Succeeded")))
     assert not (ended.make_secret or ended.make_config_map or ended.make_access)
 
 
-def blocked_of(status: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in status["conditions"] if c["type"] == "Blocked")
+def blocked_of(status: JobStatus) -> dict[str, Any]:
+    return cond_of(status, "Blocked")
 
 
 def test_a_refused_write_is_said_once_and_cleared_once_writes_pass() -> None:
@@ -160,7 +169,7 @@ def test_a_refused_write_is_said_once_and_cleared_once_writes_pass() -> None:
     assert said is not None
     blocked = blocked_of(said)
     assert (blocked["status"], blocked["reason"]) == ("True", "APIRefused")
-    assert "forbidden" in blocked["message"] and said["phase"] == s["phase"]
+    assert "forbidden" in blocked["message"] and said.phase == s.phase
     assert plan_refused(said, "the API server refused create Pod: forbidden", NOW) is None
     still = plan_job(inp(jspec(), said, []))
     assert blocked_of(still.status)["status"] == "True"
@@ -193,15 +202,15 @@ def test_lost_worker_leaves_hosts_at_once_and_is_replaced() -> None:
     )
     assert plan.hosts == ["j-worker-0", "j-worker-2"]
     assert plan.delete_pods == ["j-worker-1"] and plan.create_workers == [3]
-    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-2", "j-worker-3"]
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-2", "j-worker-3"]
 
 
 def test_launcher_gone_fails_or_recreates() -> None:
     pods = [w(0), w(1)]
     failed = plan_job(inp(jspec(), running_status([0, 1]), pods))
-    assert failed.status["phase"] == "Failed" and not failed.create_launcher
+    assert failed.status.phase == "Failed" and not failed.create_launcher
     again = plan_job(inp(jspec(launcherRestartPolicy="Always"), running_status([0, 1]), pods))
-    assert again.create_launcher and again.status["phase"] == "Running"
+    assert again.create_launcher and again.status.phase == "Running"
 
 
 def test_restart_rebuilds_from_scratch() -> None:
@@ -209,8 +218,8 @@ def test_restart_rebuilds_from_scratch() -> None:
     plan = plan_job(
         inp(spec, running_status([0, 1]), [w(0), w(1), launcher("Failed", exit_code=3)])
     )
-    assert plan.status["restartCount"] == 1 and plan.status["phase"] == "Created"
-    assert plan.status["targetWorkers"] == ["j-worker-2", "j-worker-3"]
+    assert plan.status.restart_count == 1 and plan.status.phase == "Created"
+    assert plan.status.target_workers == ["j-worker-2", "j-worker-3"]
     assert plan.hosts == [] and sorted(plan.delete_pods) == [
         "j-launcher",
         "j-worker-0",
@@ -236,7 +245,7 @@ def test_clean_pod_policy(policy: str, deleted: list[str]) -> None:
             [w(0), w(1), launcher("Succeeded", exit_code=0)],
         )
     )
-    assert plan.status["phase"] == "Succeeded" and sorted(plan.delete_pods) == deleted
+    assert plan.status.phase == "Succeeded" and sorted(plan.delete_pods) == deleted
 
 
 def test_scale_out_freezes_plan_then_admits_together() -> None:
@@ -245,8 +254,8 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
     plan = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
     frozen = plan.scaler_status[("ScaleOut", "grow")]
     assert frozen["addPods"] == ["j-worker-2", "j-worker-3"] and frozen["phase"] == "Scaling"
-    assert plan.status["currentScaler"] == "ScaleOut:ns/grow"
-    assert plan.create_workers == [2, 3] and plan.status["phase"] == "Scaling"
+    assert plan.status.current_scaler == "ScaleOut:ns/grow"
+    assert plan.create_workers == [2, 3] and plan.status.phase == "Scaling"
     so2 = dataclasses.replace(so, status=frozen)
     pods = [w(0), w(1), w(2), w(3, ready=False), launcher()]
     waiting = plan_job(inp(spec, plan.status, pods, [so2]))
@@ -256,7 +265,7 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
     assert joined.hosts == [f"j-worker-{i}" for i in range(4)]
     done = plan_job(inp(spec, joined.status, pods, [so2], published=joined.hosts))
     assert done.scaler_status[("ScaleOut", "grow")]["phase"] == "ScaleSucceeded"
-    assert done.spec_replicas == 4 and done.status["currentScaler"] == ""
+    assert done.spec_replicas == 4 and done.status.current_scaler == ""
 
 
 def horovod(i: int, *peers: int, **kw: Any) -> PodView:
@@ -278,7 +287,7 @@ def test_a_scale_out_succeeds_only_once_horovod_has_taken_its_workers_in() -> No
     assert wait.scaler_status[so.kind_name]["phase"] == "Scaling"
     (cond,) = [c for c in wait.scaler_status[so.kind_name]["conditions"] if c["type"] == "Scaling"]
     assert cond["reason"] == "WaitingForHorovod" and "j-worker-2" in cond["message"]
-    assert wait.status["currentScaler"] == "ScaleOut:ns/grow"  # no next scale may start
+    assert wait.status.current_scaler == "ScaleOut:ns/grow"  # no next scale may start
     assert wait.hosts == hosts  # listed meanwhile: that is how Horovod finds it
     half = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0)]  # rendezvous under way
     assert (
@@ -290,7 +299,7 @@ def test_a_scale_out_succeeds_only_once_horovod_has_taken_its_workers_in() -> No
     joined = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0, 1)]
     done = plan_job(inp(spec, status, [*joined, launcher()], [so], published=hosts))
     assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
-    assert done.status["currentScaler"] == ""
+    assert done.status.current_scaler == ""
     # A launcher that runs no Horovod (the first host has no Horovod process): nothing to wait for.
     idle = [w(0, ip="10.0.0.0", busy=False), w(1), w(2)]
     plain = plan_job(inp(spec, status, [*idle, launcher()], [so], published=hosts))
@@ -345,7 +354,7 @@ def test_scale_out_timeout_rolls_back() -> None:
     )
     assert later.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
     assert later.delete_pods == ["j-worker-2"]
-    assert later.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
+    assert later.status.target_workers == ["j-worker-0", "j-worker-1"]
 
 
 @given(n=st.integers(1, 12), count=st.integers(1, 12))
@@ -434,12 +443,12 @@ def test_plan_is_deterministic_and_consistent(world: JobInput) -> None:
     # Never reuse a name while a pod of that name exists.
     assert not set(plan.create_workers) & existing
     assert not {f"j-worker-{i}" for i in plan.create_workers} & set(plan.delete_pods)
-    hosts = plan.status.get("currentWorkers") or []
-    if plan.status["phase"] in ("Succeeded", "Failed"):
+    hosts = plan.status.current_workers or []
+    if plan.status.phase in ("Succeeded", "Failed"):
         return  # the host list of a finished job is history
     by_name = {p.name: p for p in world.pods}
     for h in hosts:  # every host is a live member
-        assert h in plan.status["targetWorkers"]
+        assert h in (plan.status.target_workers or [])
         pod = by_name.get(h)
         assert pod is not None and not pod.gone_bad and h not in plan.delete_pods
     # At most one scaler runs.
@@ -454,16 +463,16 @@ def test_invalid_spec_fails_then_starts_once_fixed() -> None:
         generation=1,
         spec=None,
         error="spec.x is wrong",
-        status={},
+        status=JobStatus.from_dict({}),
         pods=[],
         scalers=[],
         now=NOW,
     )
     failed = plan_job(bad)
-    assert failed.status["phase"] == "Failed" and not failed.create_workers
+    assert failed.status.phase == "Failed" and not failed.create_workers
     assert failed.events[0].type == "Warning" and failed.events[0].reason == "InvalidSpec"
     fixed = plan_job(inp(jspec(replicas=2), failed.status, []))
-    assert fixed.status["phase"] == "Created" and fixed.create_workers == [0, 1]
+    assert fixed.status.phase == "Created" and fixed.create_workers == [0, 1]
 
 
 def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
@@ -487,12 +496,12 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
     (follow_up,) = done.create_scalers
     assert follow_up["kind"] == "ScaleOut" and follow_up["spec"]["toAdd"] == {"count": 2}
     # Taken once its scaler is seen: a crash before the create lands leaves the request standing.
-    assert done.status["acceptedReplicas"] == 3
+    assert done.status.accepted_replicas == 3
     made = scaler(scaleout(follow_up["name"], "j", 2), created="2026-01-01T11:30:00Z")
     made = dataclasses.replace(made, made_for=follow_up["generation"])
     so = dataclasses.replace(so, status=done.scaler_status[so.kind_name])
     taken = plan_job(inp(spec, done.status, pods, [so, made], published=joined.hosts))
-    assert taken.status["acceptedReplicas"] == 5 and not taken.create_scalers
+    assert taken.status.accepted_replicas == 5 and not taken.create_scalers
 
 
 def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
@@ -506,12 +515,12 @@ def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
     message = st["conditions"][-1]["message"]
     assert "j-worker-2 exists and is not this job's" in message and "removed j-worker-3" in message
     assert plan.delete_pods == ["j-worker-3"] and not plan.create_workers
-    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-1"]
 
 
 def test_one_worker_is_spoken_of_in_the_singular() -> None:
     plan = plan_job(inp(jspec(replicas=1), running_status([0], conditions=[]), [w(0)]))
-    ready = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
+    ready = cond_of(plan.status, "WorkersReady")
     assert ready["message"] == "1 worker accepts the job's SSH key"
 
 
@@ -524,7 +533,7 @@ def test_a_scale_that_succeeded_stays_succeeded_when_the_job_ends() -> None:
     si = dataclasses.replace(si, status=start.scaler_status[si.kind_name])
     pods = [w(0), w(1, busy=False), launcher("Succeeded")]
     end = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
-    assert end.status["phase"] == "Succeeded"
+    assert end.status.phase == "Succeeded"
     assert end.scaler_status[si.kind_name]["phase"] == "ScaleSucceeded"
     failed = [
         c for c in end.scaler_status[si.kind_name]["conditions"] if c["type"] == "ScaleFailed"
@@ -550,7 +559,7 @@ def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
     suspended = parse_job(b)
     pods = [w(0), w(1), w(2, "Pending", False), w(3, "Pending", False), launcher()]
     plan = plan_job(inp(suspended, start.status, pods, [so]))
-    assert plan.status["phase"] == "Suspended"
+    assert plan.status.phase == "Suspended"
     assert plan.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
     assert plan.spec_replicas == 2
 
@@ -564,7 +573,7 @@ def test_workers_ready_says_how_many_there_are_now_without_a_new_event() -> None
          "message": "4 workers accept the job's SSH key"}
     )  # fmt: skip
     plan = plan_job(inp(jspec(), status, [w(0), w(1), launcher()]))
-    cond = next(c for c in plan.status["conditions"] if c["type"] == "WorkersReady")
+    cond = cond_of(plan.status, "WorkersReady")
     assert cond["message"] == "2 workers accept the job's SSH key"
     assert [e for e in plan.events if e.reason == "WorkersReady"] == []
 
@@ -605,11 +614,11 @@ def test_workers_that_cannot_run_are_said_on_the_job() -> None:
     why = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
     pods = [w(0), w(1, "Pending", False, waiting=why)]
     plan = plan_job(inp(spec, first.status, pods))
-    cond = next(c for c in plan.status["conditions"] if c["type"] == "WorkersPending")
+    cond = cond_of(plan.status, "WorkersPending")
     assert cond["status"] == "True" and "j-worker-1" in cond["message"] and why in cond["message"]
     assert [e.type for e in plan.events if e.reason == "WorkersPending"] == ["Warning"]
     placed = plan_job(inp(spec, plan.status, [w(0), w(1)]))
-    cond = next(c for c in placed.status["conditions"] if c["type"] == "WorkersPending")
+    cond = cond_of(placed.status, "WorkersPending")
     assert cond["status"] == "False"
 
 
@@ -623,13 +632,13 @@ def test_a_launcher_that_cannot_run_is_said_on_the_job() -> None:
     why = 'ErrImageNeverPull: Container image "nope:latest" is not present'
     stuck = launcher("Pending", waiting=why)
     plan = plan_job(inp(spec, made.status, [w(0), w(1), stuck]))
-    cond = next(c for c in plan.status["conditions"] if c["type"] == "LauncherPending")
+    cond = cond_of(plan.status, "LauncherPending")
     assert cond["status"] == "True" and "j-launcher" in cond["message"] and why in cond["message"]
     assert [e.type for e in plan.events if e.reason == "LauncherPending"] == ["Warning"]
-    assert plan.status["phase"] == "Created"
+    assert plan.status.phase == "Created"
     ran = plan_job(inp(spec, plan.status, [w(0), w(1), launcher()]))
-    cond = next(c for c in ran.status["conditions"] if c["type"] == "LauncherPending")
-    assert cond["status"] == "False" and ran.status["phase"] == "Running"
+    cond = cond_of(ran.status, "LauncherPending")
+    assert cond["status"] == "False" and ran.status.phase == "Running"
 
 
 def test_a_scale_in_that_waits_says_for_what() -> None:
@@ -648,7 +657,7 @@ def test_a_scale_in_that_waits_says_for_what() -> None:
 
 def _script_scale_out(
     started: str | None,
-) -> tuple[JobSpec, dict[str, Any], ScalerView, list[PodView]]:
+) -> tuple[JobSpec, JobStatus, ScalerView, list[PodView]]:
     """A ScaleOut whose new worker is in, its script marked as started at `started`."""
     spec = jspec(maxReplicas=3)
     manifest = scaleout("grow", "j", 1, timeout=20)
@@ -671,7 +680,7 @@ def test_a_script_marked_started_is_never_started_again() -> None:
     or have ended unseen: it is never started again; its end is asked of the launcher's
     record, said to be past its timeout once it is."""
     spec, status, so, pods = _script_scale_out("2026-01-01T12:00:00Z")
-    hosts = status["currentWorkers"]
+    hosts = status.current_workers
     early = plan_job(
         inp(spec, status, pods, [so], now=NOW + timedelta(seconds=10), published=hosts)
     )
@@ -682,7 +691,7 @@ def test_a_script_marked_started_is_never_started_again() -> None:
     late = plan_job(inp(spec, status, pods, [so], now=NOW + timedelta(seconds=40), published=hosts))
     assert late.run_scripts == [] and [over for _, _, over in late.check_scripts] == [True]
     spec, status, so, pods = _script_scale_out(None)
-    fresh = plan_job(inp(spec, status, pods, [so], published=status["currentWorkers"]))
+    fresh = plan_job(inp(spec, status, pods, [so], published=status.current_workers))
     assert [key for key, *_ in fresh.run_scripts] == [so.kind_name]
     assert fresh.run_scripts[0][3] == early.check_scripts[0][1]  # one record for the scaler
 
@@ -711,15 +720,15 @@ def test_the_launcher_of_the_run_before_a_suspension_is_not_the_resumed_runs() -
         namespace="ns", uid="u", annotations={"job-supervisor.kube-ai.io/job-suspended": "true"}
     )
     suspended = plan_job(inp(parse_job(b), running_status([0, 1]), [w(0), w(1), launcher()]))
-    assert suspended.status["phase"] == "Suspended"
+    assert suspended.status.phase == "Suspended"
     old = launcher(deleting=True)
     resumed = plan_job(inp(jspec(), suspended.status, [old]))
-    assert resumed.status["phase"] == "Created" and resumed.create_workers == [2, 3]
+    assert resumed.status.phase == "Created" and resumed.create_workers == [2, 3]
     assert not any(e.reason in ("LauncherLost", "LauncherCreated") for e in resumed.events)
     ready = plan_job(inp(jspec(), resumed.status, [w(2), w(3), old]))
-    assert ready.status["phase"] == "Created" and not ready.create_launcher
+    assert ready.status.phase == "Created" and not ready.create_launcher
     gone = plan_job(inp(jspec(), ready.status, [w(2), w(3)]))
-    assert gone.create_launcher and gone.status["phase"] == "Created"
+    assert gone.create_launcher and gone.status.phase == "Created"
 
 
 def test_a_finished_scaler_no_longer_says_it_is_scaling() -> None:
@@ -749,12 +758,12 @@ def test_names_in_the_status_that_are_not_this_jobs_workers_are_dropped_and_said
     forged["targetWorkers"] = ["j-worker-0", "j-worker-1", "other-worker-0"]
     forged["currentWorkers"] = ["j-worker-0", "other-worker-0", "j-worker-1"]
     plan = plan_job(inp(spec, forged, [w(0), w(1), launcher()]))
-    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1"]
-    assert plan.status["currentWorkers"] == ["j-worker-0", "j-worker-1"]
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-1"]
+    assert plan.status.current_workers == ["j-worker-0", "j-worker-1"]
     assert plan.hosts == ["j-worker-0", "j-worker-1"]
     (said,) = [e for e in plan.events if e.reason == "StatusRepaired"]
     assert said.type == "Warning" and "other-worker-0" in said.message
     assert plan.spec_replicas is None  # nothing to follow: two workers, as asked
     so = scaler(scaleout("grow", "j", 1))
     grown = plan_job(inp(spec, forged, [w(0), w(1), launcher()], [so]))
-    assert grown.status["targetWorkers"] == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    assert grown.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job
+from etoperator.api.statuses import JobStatus
 from etoperator.planning import JobInput, PodView, plan_job
 from etoperator.planning.views import QueueView
 from localcluster.manifests import job, scaleout
@@ -22,7 +23,9 @@ def qspec(**kw: Any) -> JobSpec:
     return parse_job(b)
 
 
-def queued(spec: JobSpec, status: dict[str, Any], pods: list[PodView], q: QueueView) -> JobInput:
+def queued(
+    spec: JobSpec, status: JobStatus | dict[str, Any], pods: list[PodView], q: QueueView
+) -> JobInput:
     return dataclasses.replace(inp(spec, status, pods), queue=q)
 
 
@@ -32,17 +35,17 @@ ADMITTED = QueueView(
 )  # fmt: skip
 
 
-def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c["type"] == ctype), {})
+def cond(status: JobStatus, ctype: str) -> dict[str, Any]:
+    return next((c for c in status.conditions or [] if c["type"] == ctype), {})
 
 
 def test_a_new_queued_job_makes_its_workload_and_no_pod() -> None:
     plan = plan_job(queued(qspec(replicas=3), {}, [], QueueView(queue="lq")))
     assert plan.make_workload == 3
     assert plan.create_workers == [] and not plan.create_launcher
-    assert plan.status["phase"] == "Queued"
+    assert plan.status.phase == "Queued"
     assert cond(plan.status, "Queued")["reason"] == "Queued"
-    assert plan.status["targetWorkers"] == [] and plan.status["lastWorkerIndex"] == -1
+    assert plan.status.target_workers == [] and plan.status.last_worker_index == -1
 
 
 def test_admitted_the_run_starts_at_the_admitted_size_with_the_first_names() -> None:
@@ -66,7 +69,7 @@ def test_a_partly_admitted_job_asks_for_the_rest_and_grows_once_admitted() -> No
     grown = dataclasses.replace(q, workload=plan.make_slice[0], admitted_workers=3)
     plan = plan_job(queued(spec, status, pods, grown))
     assert plan.create_workers == [2]
-    assert plan.status["targetWorkers"] == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]
 
 
 def test_a_scale_out_creates_no_worker_until_its_slice_is_admitted() -> None:
@@ -103,7 +106,7 @@ def test_evicted_the_pods_go_then_the_admission_is_given_back() -> None:
     plan = plan_job(queued(spec, running_status([0, 1]), pods, q))
     assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
     assert plan.release_admission == ""  # not while a pod is left
-    assert plan.status["phase"] == "Queued"
+    assert plan.status.phase == "Queued"
     assert cond(plan.status, "Queued")["reason"] == "Evicted"
     later = plan_job(queued(spec, plan.status, [], q))
     assert later.release_admission == "Preempted"
@@ -120,7 +123,7 @@ def test_an_ended_job_finishes_its_workload() -> None:
     spec = qspec(replicas=2)
     pods = [w(0), w(1), launcher("Succeeded")]
     plan = plan_job(queued(spec, running_status([0, 1]), pods, ADMITTED))
-    assert plan.status["phase"] == "Succeeded"
+    assert plan.status.phase == "Succeeded"
     assert [c[:3] for c in plan.workload_conditions] == [("Finished", "True", "Succeeded")]
 
 
@@ -144,7 +147,7 @@ def test_no_pod_is_ever_made_without_an_admission(
     plan = plan_job(queued(qspec(replicas=members), running_status(list(range(members))), pods, q))
     assert plan.create_workers == [] and not plan.create_launcher
     assert sorted(plan.delete_pods) == sorted(p.name for p in pods)
-    assert plan.status["phase"] == "Queued"
+    assert plan.status.phase == "Queued"
 
 
 def test_a_job_taken_out_of_its_queue_starts_a_run() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from etoperator.api.statuses import JobStatus
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
 from etoperator.planning.writes import (
     DeletePod,
@@ -33,7 +34,7 @@ class Crashed(Exception):
 @dataclass
 class World:
     replicas: int
-    status: dict[str, Any]
+    status: JobStatus
     pods: dict[str, PodView]
     scalers: dict[tuple[str, str], ScalerView]
     published: list[str]
@@ -117,13 +118,13 @@ class World:
         raise AssertionError("never settled")
 
     def members(self) -> list[str]:
-        return list(self.status.get("targetWorkers") or [])
+        return list(self.status.target_workers or [])
 
 
 def world(n: int, *scalers: ScalerView) -> World:
     return World(
         replicas=n,
-        status=running_status(list(range(n))),
+        status=JobStatus.from_dict(running_status(list(range(n)))),
         pods={f"j-worker-{i}": w(i, busy=False) for i in range(n)},  # Horovod leaves at once
         scalers={s.kind_name: s for s in scalers},
         published=[f"j-worker-{i}" for i in range(n)],
@@ -184,7 +185,7 @@ def test_spec_replicas_show_the_target_while_a_scale_runs() -> None:
     wd = world(2, scaler(scaleout("a", "j", 2)))
     wd.pods["j-worker-0"] = w(0)
     wd.act()
-    assert wd.status["currentScaler"] and wd.replicas == 4  # `kubectl get tj` TARGET
+    assert wd.status.current_scaler and wd.replicas == 4  # `kubectl get tj` TARGET
 
 
 def test_a_failed_kubectl_scale_gives_back_the_real_size() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from etoperator.api.statuses import JobStatus
 from etoperator.planning import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
@@ -24,7 +25,7 @@ from etoperator.planning.writes import (
 )
 
 EVERYTHING = Plan(
-    status={"phase": "Running"},
+    status=JobStatus(phase="Running"),
     create_workers=[3],
     delete_pods=["j-worker-1", "j-worker-2"],
     stop_now=["j-worker-2"],
@@ -48,7 +49,7 @@ def kinds(writes: Sequence[object]) -> list[str]:
 
 
 def test_every_write_of_a_pass_in_its_one_order() -> None:
-    writes = ordered(EVERYTHING, {}, pods=True, queued=True)
+    writes = ordered(EVERYTHING, JobStatus(), pods=True, queued=True)
     basics, writes = writes[:3], writes[3:]
     assert kinds(basics) == ["MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole"]
     assert basics[0] == MakeBasics(secret=True, config_map=True)
@@ -71,13 +72,13 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
 
 
 def test_a_status_as_read_is_not_written_again() -> None:
-    writes = ordered(EVERYTHING, {"phase": "Running"}, pods=True, queued=False)
+    writes = ordered(EVERYTHING, JobStatus(phase="Running"), pods=True, queued=False)
     assert "JobStatusWrite" not in kinds(writes) and "QueueWrites" not in kinds(writes)
 
 
 def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     """Its spec unreadable, or the Secret, ConfigMap or RBAC its pods need missing."""
-    writes = ordered(EVERYTHING, {}, pods=False, queued=True)
+    writes = ordered(EVERYTHING, JobStatus(), pods=False, queued=True)
     assert kinds(writes) == [
         "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
         "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas",
