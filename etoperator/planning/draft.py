@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
-from etoperator.api.statuses import scaler_status
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, ScalerView
@@ -81,7 +80,7 @@ class Draft:
     def set_scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
     ) -> None:
-        new = scaler_status(sc.kind, self.plan.scaler_status.get(sc.kind_name, sc.status))
+        new = copy.deepcopy(self.plan.scaler_status.get(sc.kind_name, sc.status))
         if new.phase in st.SCALE_TERMINAL and phase != new.phase:
             return  # a scaler's end is written once and never changes
         conds, changed = st.set_condition(
@@ -99,8 +98,8 @@ class Draft:
             secs = (self.inp.now - started).total_seconds() if started else 0.0
             result = "succeeded" if phase == st.SCALE_SUCCEEDED else "failed"
             self.plan.settled_scalers.append((sc.kind, result, f"{secs:.3f}"))
-        if new.to_dict() != sc.status:
-            self.plan.scaler_status[sc.kind_name] = new.to_dict()
+        if new != sc.status:
+            self.plan.scaler_status[sc.kind_name] = new
         if changed:
             event = Event("Warning" if warn else "Normal", reason, message)
             self.plan.scaler_events.setdefault(sc.kind_name, []).append(event)

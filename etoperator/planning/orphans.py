@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
-from typing import Any
 
 from etoperator import status as st
-from etoperator.api.statuses import scaler_status
+from etoperator.api.statuses import ScalerStatus
 from etoperator.clock import iso
 from etoperator.planning.views import ScalerView
 from etoperator.status import Event
@@ -14,7 +14,7 @@ from etoperator.status import Event
 
 def plan_orphan_scaler(
     sc: ScalerView, job_exists: bool, now: datetime
-) -> tuple[dict[str, Any] | None, Event | None]:
+) -> tuple[ScalerStatus | None, Event | None]:
     """Status (and event) for a scaler no job loop looks after: refuse an invalid one, wait for
     a job that does not exist yet, fail one whose job was deleted. (None, None): no change."""
     if sc.phase in st.SCALE_TERMINAL:
@@ -35,12 +35,12 @@ def plan_orphan_scaler(
     else:
         ctype, reason, msg, phase = "Waiting", "JobNotFound", f"waiting for job {job} to exist", ""
     t = iso(now)
-    conds, changed = st.set_condition(sc.typed.conditions or [], ctype, "True", reason, msg, t)
+    conds, changed = st.set_condition(sc.status.conditions or [], ctype, "True", reason, msg, t)
     if not changed and sc.phase == phase:
         return None, None
-    new = scaler_status(sc.kind, sc.status)
+    new = copy.deepcopy(sc.status)
     new.conditions, new.phase = conds, phase
     if phase == st.SCALE_FAILED:
         new.completion_time = t
-        return new.to_dict(), Event("Warning", reason, msg)
-    return new.to_dict(), None
+        return new, Event("Warning", reason, msg)
+    return new, None

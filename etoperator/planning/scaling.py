@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 from typing import Any
 
 from etoperator import naming
 from etoperator import status as st
-from etoperator.api.statuses import ScaleOutStatus, scaler_status
+from etoperator.api.statuses import ScaleOutStatus
 from etoperator.clock import parse_iso
 from etoperator.planning import queueing
 from etoperator.planning.draft import Draft, Members
@@ -23,7 +24,7 @@ SCRIPT_GRACE = 5
 def timed_out(d: Draft, sc: ScalerView, more: int = 0) -> bool:
     """Whether the scale has run its timeout (and `more` seconds)."""
     assert sc.spec is not None
-    started = parse_iso(sc.typed.start_time)
+    started = parse_iso(sc.status.start_time)
     limit = timedelta(seconds=sc.spec.timeout + more)
     return started is not None and d.inp.now - started >= limit
 
@@ -110,7 +111,7 @@ def wait_for_quota(d: Draft, sc: ScalerView, m: Members, waiting: str) -> Member
         sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "WaitingForQuota",
         f"{waiting} (up to the {sc.spec.timeout}s timeout)",
     )  # fmt: skip
-    started = parse_iso(sc.typed.start_time)
+    started = parse_iso(sc.status.start_time)
     if started is not None:
         left = started + timedelta(seconds=sc.spec.timeout) - d.inp.now
         d.plan.requeue = min(d.plan.requeue, max(left.total_seconds(), 0.1))
@@ -221,7 +222,7 @@ def ensure_script_ran(d: Draft, sc: ScalerView, pods: list[str]) -> bool:
     marked as started is never started again: its end is recorded on the launcher, and an
     operator that did not see it end (it restarted meanwhile) asks the launcher for it."""
     assert sc.spec is not None
-    ran = st.condition(sc.typed.conditions or [], SCRIPT_EXECUTED)
+    ran = st.condition(sc.status.conditions or [], SCRIPT_EXECUTED)
     if not sc.spec.script or (ran and ran.get("status") in ("True", "False")):
         return True
     if d.launcher is None or d.launcher.phase != "Running":
@@ -290,13 +291,13 @@ def start_scalers(d: Draft) -> None:
             d.status.current_workers = [h for h in hosts if h not in planned]
             d.plan.hosts = d.status.current_workers
             what = f"removing {', '.join(planned)}"
-        new = scaler_status(sc.kind, sc.status)
+        new = copy.deepcopy(sc.status)
         if isinstance(new, ScaleOutStatus):
             new.add_pods = planned
         else:
             new.to_delete_pods = planned
         new.start_time = d.now
-        d.plan.scaler_status[sc.kind_name] = new.to_dict()
+        d.plan.scaler_status[sc.kind_name] = new
         d.set_scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
         d.status.current_scaler = naming.scaler_ref(sc.kind, d.inp.namespace, sc.name)
         d.status.scaler_pods = planned

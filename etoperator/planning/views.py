@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from etoperator.api.models import JobSpec, ScalerSpec
-from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus, scaler_status
+from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus
 from etoperator.builders.common import Placement
 from etoperator.status import Event
 
@@ -49,7 +49,7 @@ class ScalerView:
     created: str
     spec: ScalerSpec | None
     error: str | None = None
-    status: dict[str, Any] = field(default_factory=dict)
+    status: ScalerStatus = field(default_factory=ScaleOutStatus)  # as read, of its kind
     owned: bool = False
     made_for: int | None = None  # made by the operator for `kubectl scale` at this generation
 
@@ -58,19 +58,15 @@ class ScalerView:
         return (self.kind, self.name)
 
     @property
-    def typed(self) -> ScalerStatus:
-        return scaler_status(self.kind, self.status)
-
-    @property
     def phase(self) -> str:
-        """Read off the status as it is (the planner asks every scaler's, often)."""
-        return str(self.status.get("phase") or "")
+        return self.status.phase or ""
 
     @property
     def planned(self) -> list[str]:
-        """Its frozen plan: the workers it adds or removes."""
-        typed = self.typed
-        pods = typed.add_pods if isinstance(typed, ScaleOutStatus) else typed.to_delete_pods
+        """Its frozen plan: the workers it adds (a ScaleOut) or removes (a ScaleIn: its
+        victims, in this one form from its status to the planner)."""
+        s = self.status
+        pods = s.add_pods if isinstance(s, ScaleOutStatus) else s.to_delete_pods
         return list(pods or [])
 
 
@@ -154,7 +150,7 @@ class Plan:
     create_launcher: bool = False
     hosts: list[str] | None = None  # None: leave the ConfigMap as it is
     services: list[str] = field(default_factory=list)  # worker services that should exist
-    scaler_status: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    scaler_status: dict[tuple[str, str], ScalerStatus] = field(default_factory=dict)
     scaler_events: dict[tuple[str, str], list[Event]] = field(default_factory=dict)
     adopt_scalers: list[tuple[str, str]] = field(default_factory=list)
     create_scalers: list[dict[str, Any]] = field(default_factory=list)

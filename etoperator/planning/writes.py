@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from etoperator.api.statuses import JobStatus
+from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.planning.views import Plan
 
 
@@ -51,9 +51,9 @@ class AdoptScaler:
 
 
 @dataclass(frozen=True)
-class ScalerStatus:
+class ScalerStatusWrite:
     kind_name: tuple[str, str]
-    status: dict[str, Any]
+    status: ScalerStatus
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class QueueWrites:
 
 
 Write = (
-    MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatus
+    MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
     | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
     | MakeLauncher | MakeScaler | QueueWrites
 )  # fmt: skip
@@ -126,7 +126,7 @@ def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list
     if plan.update_role:
         writes.append(UpdateLauncherRole())
     writes += [AdoptScaler(k) for k in plan.adopt_scalers]
-    writes += [ScalerStatus(k, new) for k, new in plan.scaler_status.items()]
+    writes += [ScalerStatusWrite(k, new) for k, new in plan.scaler_status.items()]
     if plan.status != old_status:
         writes.append(JobStatusWrite(plan.status))
     if plan.spec_replicas is not None:
@@ -150,4 +150,4 @@ def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list
 # The writes before the statuses: what a job's pods need.
 BASICS_WRITES = (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)
 # The writes before the pass's events: the scalers' and the job's own objects.
-STATUS_WRITES = (AdoptScaler, ScalerStatus, JobStatusWrite, SpecReplicas)
+STATUS_WRITES = (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas)

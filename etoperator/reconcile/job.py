@@ -49,7 +49,7 @@ from etoperator.planning.writes import (
     MakeLauncherAccess,
     MakeScaler,
     QueueWrites,
-    ScalerStatus,
+    ScalerStatusWrite,
     SpecReplicas,
     UpdateLauncherRole,
     WorkerObjects,
@@ -367,9 +367,10 @@ class JobReconciler:
                 others = [r for r in refs if not r.get("controller")]
                 change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
                 scalers[w.kind_name] = self.write(scalers[w.kind_name], change)
-            elif isinstance(w, ScalerStatus):
+            elif isinstance(w, ScalerStatusWrite):
                 old = scalers[w.kind_name].get("status") or {}
-                self.write(scalers[w.kind_name], {"status": merge_patch(old, w.status)}, "status")
+                change = {"status": merge_patch(old, w.status.to_dict())}
+                self.write(scalers[w.kind_name], change, "status")
             elif isinstance(w, JobStatusWrite):
                 change = {"status": merge_patch(job.get("status") or {}, w.status.to_dict())}
                 latest = self.write({**job, "kind": naming.JOB_KIND}, change, sub="status")
@@ -441,7 +442,7 @@ class JobReconciler:
             name,
             {
                 "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-                "status": merge_patch(view.status, new),
+                "status": merge_patch(body.get("status") or {}, new.to_dict()),
             },
             sub="status",
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import copy
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from etoperator.api.models import (
     parse_job,
     parse_scaler,
 )
-from etoperator.api.statuses import JobStatus, ScaleOutStatus, scaler_status
+from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
@@ -74,7 +73,7 @@ def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
         created=body["metadata"].get("creationTimestamp", ""),
         spec=spec,
         error=error,
-        status=copy.deepcopy(body.get("status") or {}),
+        status=scaler_status(body["kind"], body.get("status")),
         owned=is_controlled_by(body, job_uid)
         if job_uid
         else any(r.get("controller") for r in refs),
@@ -129,16 +128,14 @@ def _waiting(pst: dict[str, Any]) -> str:
     return ""
 
 
-def running_scale(status: JobStatus, scalers: list[dict[str, Any]]) -> tuple[str, list[str]]:
+def running_scale(status: JobStatus, scalers: list[ScalerView]) -> tuple[str, list[str]]:
     """The running scaler's kind and the pods it adds or removes (("", []) when none runs)."""
     ref = naming.parse_scaler_ref(status.current_scaler or "")
     if not ref:
         return "", []
     for s in scalers:
-        if s["kind"] == ref[0] and s["metadata"]["name"] == ref[2]:
-            typed = scaler_status(ref[0], s.get("status"))
-            pods = typed.add_pods if isinstance(typed, ScaleOutStatus) else typed.to_delete_pods
-            return ref[0], list(pods or [])
+        if s.kind_name == (ref[0], ref[2]):
+            return s.kind, s.planned
     return "", []
 
 
@@ -249,7 +246,7 @@ class Observer:
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
-        scale = running_scale(status, obs.scalers)
+        scale = running_scale(status, self.scaler_views(obs))
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None
         if obs.spec is not None and self.ssh_checks:

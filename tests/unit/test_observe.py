@@ -15,6 +15,7 @@ from etoperator.reconcile.observe import (
     classify,
     probes_wanted,
     running_scale,
+    scaler_view,
     settle,
 )
 from etoperator.reconcile.state import Writes
@@ -89,8 +90,12 @@ def test_settle_gates_new_workers_on_their_answer() -> None:
 
 
 def test_the_running_scale_and_its_pods() -> None:
-    scaler = {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}
-    grow = {"kind": "ScaleOut", "metadata": {"name": "grow"}, "status": {"addPods": ["b"]}}
+    scaler = scaler_view(
+        {"kind": "ScaleIn", "metadata": {"name": "cut"}, "status": {"toDeletePods": ["a"]}}, None
+    )
+    grow = scaler_view(
+        {"kind": "ScaleOut", "metadata": {"name": "grow"}, "status": {"addPods": ["b"]}}, None
+    )
     running = JobStatus(current_scaler="ScaleIn:ns/cut")
     assert running_scale(running, [scaler, grow]) == ("ScaleIn", ["a"])
     assert running_scale(JobStatus(current_scaler="ScaleOut:ns/grow"), [scaler, grow]) == (

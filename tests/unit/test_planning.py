@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job, parse_scaler
-from etoperator.api.statuses import JobStatus
+from etoperator.api.statuses import JobStatus, ScalerStatus, scaler_status
 from etoperator.planning import (
     BasicsView,
     JobInput,
@@ -66,6 +66,10 @@ def cond_of(status: JobStatus, ctype: str) -> dict[str, Any]:
     return next(c for c in status.conditions or [] if c["type"] == ctype)
 
 
+def typed_scaler(kind: str, status: ScalerStatus | dict[str, Any] | None) -> ScalerStatus:
+    return scaler_status(kind, status) if status is None or isinstance(status, dict) else status
+
+
 def typed(status: JobStatus | dict[str, Any]) -> JobStatus:
     return status if isinstance(status, JobStatus) else JobStatus.from_dict(status)
 
@@ -94,7 +98,7 @@ def inp(
 
 def scaler(
     manifest: dict[str, Any],
-    status: dict[str, Any] | None = None,
+    status: ScalerStatus | dict[str, Any] | None = None,
     created: str = "2026-01-01T11:00:00Z",
 ) -> ScalerView:
     manifest["metadata"].update(namespace="ns", creationTimestamp=created)
@@ -103,7 +107,7 @@ def scaler(
         name=manifest["metadata"]["name"],
         created=created,
         spec=parse_scaler(manifest["kind"], manifest),
-        status=status or {},
+        status=typed_scaler(manifest["kind"], status),
         owned=True,
     )
 
@@ -252,11 +256,11 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
     spec = jspec(maxReplicas=4)
     so = scaler(scaleout("grow", "j", 2))
     plan = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    frozen = plan.scaler_status[("ScaleOut", "grow")]
+    frozen = plan.scaler_status[("ScaleOut", "grow")].to_dict()
     assert frozen["addPods"] == ["j-worker-2", "j-worker-3"] and frozen["phase"] == "Scaling"
     assert plan.status.current_scaler == "ScaleOut:ns/grow"
     assert plan.create_workers == [2, 3] and plan.status.phase == "Scaling"
-    so2 = dataclasses.replace(so, status=frozen)
+    so2 = dataclasses.replace(so, status=scaler_status(so.kind, frozen))
     pods = [w(0), w(1), w(2), w(3, ready=False), launcher()]
     waiting = plan_job(inp(spec, plan.status, pods, [so2]))
     assert waiting.hosts == ["j-worker-0", "j-worker-1"]  # not one by one
@@ -264,7 +268,7 @@ def test_scale_out_freezes_plan_then_admits_together() -> None:
     joined = plan_job(inp(spec, plan.status, pods, [so2]))
     assert joined.hosts == [f"j-worker-{i}" for i in range(4)]
     done = plan_job(inp(spec, joined.status, pods, [so2], published=joined.hosts))
-    assert done.scaler_status[("ScaleOut", "grow")]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[("ScaleOut", "grow")].phase == "ScaleSucceeded"
     assert done.spec_replicas == 4 and done.status.current_scaler == ""
 
 
@@ -284,31 +288,35 @@ def test_a_scale_out_succeeds_only_once_horovod_has_taken_its_workers_in() -> No
     hosts = ["j-worker-0", "j-worker-1", "j-worker-2"]
     starting = [horovod(0, 1), horovod(1, 0), w(2, ip="10.0.0.2", busy=True, peers=frozenset())]
     wait = plan_job(inp(spec, status, [*starting, launcher()], [so], published=hosts))
-    assert wait.scaler_status[so.kind_name]["phase"] == "Scaling"
-    (cond,) = [c for c in wait.scaler_status[so.kind_name]["conditions"] if c["type"] == "Scaling"]
+    assert wait.scaler_status[so.kind_name].phase == "Scaling"
+    (cond,) = [
+        c
+        for c in wait.scaler_status[so.kind_name].to_dict()["conditions"]
+        if c["type"] == "Scaling"
+    ]
     assert cond["reason"] == "WaitingForHorovod" and "j-worker-2" in cond["message"]
     assert wait.status.current_scaler == "ScaleOut:ns/grow"  # no next scale may start
     assert wait.hosts == hosts  # listed meanwhile: that is how Horovod finds it
     half = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0)]  # rendezvous under way
     assert (
-        plan_job(inp(spec, status, [*half, launcher()], [so], published=hosts)).scaler_status[
-            so.kind_name
-        ]["phase"]
+        plan_job(inp(spec, status, [*half, launcher()], [so], published=hosts))
+        .scaler_status[so.kind_name]
+        .phase
         == "Scaling"
     )
     joined = [horovod(0, 1, 2), horovod(1, 0, 2), horovod(2, 0, 1)]
     done = plan_job(inp(spec, status, [*joined, launcher()], [so], published=hosts))
-    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[so.kind_name].phase == "ScaleSucceeded"
     assert done.status.current_scaler == ""
     # A launcher that runs no Horovod (the first host has no Horovod process): nothing to wait for.
     idle = [w(0, ip="10.0.0.0", busy=False), w(1), w(2)]
     plain = plan_job(inp(spec, status, [*idle, launcher()], [so], published=hosts))
-    assert plain.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    assert plain.scaler_status[so.kind_name].phase == "ScaleSucceeded"
     # Horovod never started on it within the timeout (its --max-np reached): rolled back.
     late = NOW + timedelta(seconds=60)
     never = [horovod(0, 1), horovod(1, 0), w(2, ip="10.0.0.2", busy=False)]
     gave_up = plan_job(inp(spec, status, [*never, launcher()], [so], now=late, published=hosts))
-    failed = gave_up.scaler_status[so.kind_name]
+    failed = gave_up.scaler_status[so.kind_name].to_dict()
     assert failed["phase"] == "ScaleFailed" and gave_up.delete_pods == ["j-worker-2"]
     assert "Horovod did not take j-worker-2 in" in str(failed["conditions"])
 
@@ -329,12 +337,12 @@ def test_a_scale_out_past_its_timeout_leaves_a_rendezvous_under_way_alone() -> N
         return plan_job(inp(spec, status, [*starting, launcher()], [so], now=now, published=hosts))
 
     waits = at(60)
-    assert waits.scaler_status[so.kind_name]["phase"] == "Scaling" and waits.delete_pods == []
-    said = str(waits.scaler_status[so.kind_name]["conditions"])
+    assert waits.scaler_status[so.kind_name].phase == "Scaling" and waits.delete_pods == []
+    said = str(waits.scaler_status[so.kind_name].conditions)
     assert "Horovod is starting on j-worker-2, past the 60s timeout" in said
     rendezvous = spec.launcher.rendezvous_timeout
     gave_up = at(60 + rendezvous)
-    assert gave_up.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
+    assert gave_up.scaler_status[so.kind_name].phase == "ScaleFailed"
     assert gave_up.delete_pods == ["j-worker-2"]
     assert f"and its {rendezvous}s rendezvous" in str(gave_up.scaler_status[so.kind_name])
 
@@ -352,7 +360,7 @@ def test_scale_out_timeout_rolls_back() -> None:
             now=NOW + timedelta(seconds=11),
         )
     )
-    assert later.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
+    assert later.scaler_status[so.kind_name].phase == "ScaleFailed"
     assert later.delete_pods == ["j-worker-2"]
     assert later.status.target_workers == ["j-worker-0", "j-worker-1"]
 
@@ -452,7 +460,7 @@ def test_plan_is_deterministic_and_consistent(world: JobInput) -> None:
         pod = by_name.get(h)
         assert pod is not None and not pod.gone_bad and h not in plan.delete_pods
     # At most one scaler runs.
-    running = [k for k, s in plan.scaler_status.items() if s.get("phase") == "Scaling"]
+    running = [k for k, s in plan.scaler_status.items() if s.phase == "Scaling"]
     assert len(running) <= 1
 
 
@@ -491,7 +499,7 @@ def test_kubectl_scale_during_a_scale_is_not_lost() -> None:
     pods = [w(0), w(1), w(2), launcher()]
     joined = plan_job(inp(spec, first.status, pods, [so]))
     done = plan_job(inp(spec, joined.status, pods, [so], published=joined.hosts))
-    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[so.kind_name].phase == "ScaleSucceeded"
     assert done.spec_replicas is None  # the user's 5 is kept, not overwritten with 3
     (follow_up,) = done.create_scalers
     assert follow_up["kind"] == "ScaleOut" and follow_up["spec"]["toAdd"] == {"count": 2}
@@ -510,7 +518,7 @@ def test_scale_out_onto_a_name_someone_else_holds_fails_at_once() -> None:
     so = dataclasses.replace(so, status=first.scaler_status[so.kind_name])
     world = inp(jspec(), first.status, [w(0), w(1), w(3), launcher()], [so])
     plan = plan_job(dataclasses.replace(world, squatted=("j-worker-2",)))
-    st = plan.scaler_status[so.kind_name]
+    st = plan.scaler_status[so.kind_name].to_dict()
     assert st["phase"] == "ScaleFailed"
     message = st["conditions"][-1]["message"]
     assert "j-worker-2 exists and is not this job's" in message and "removed j-worker-3" in message
@@ -534,14 +542,17 @@ def test_a_scale_that_succeeded_stays_succeeded_when_the_job_ends() -> None:
     pods = [w(0), w(1, busy=False), launcher("Succeeded")]
     end = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
     assert end.status.phase == "Succeeded"
-    assert end.scaler_status[si.kind_name]["phase"] == "ScaleSucceeded"
+    assert end.scaler_status[si.kind_name].phase == "ScaleSucceeded"
     failed = [
-        c for c in end.scaler_status[si.kind_name]["conditions"] if c["type"] == "ScaleFailed"
+        c for c in end.scaler_status[si.kind_name].conditions or [] if c["type"] == "ScaleFailed"
     ]
     assert failed == []
     # The next pass, its cache still showing the scaler as it was before our write.
     again = plan_job(inp(spec, end.status, pods, [si], published=["j-worker-0"]))
-    assert again.scaler_status.get(si.kind_name, {}).get("phase") in (None, "ScaleSucceeded")
+    assert si.kind_name not in again.scaler_status or again.scaler_status[si.kind_name].phase in (
+        None,
+        "ScaleSucceeded",
+    )
 
 
 def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
@@ -560,7 +571,7 @@ def test_suspended_mid_scale_out_gives_back_the_size_before_it() -> None:
     pods = [w(0), w(1), w(2, "Pending", False), w(3, "Pending", False), launcher()]
     plan = plan_job(inp(suspended, start.status, pods, [so]))
     assert plan.status.phase == "Suspended"
-    assert plan.scaler_status[so.kind_name]["phase"] == "ScaleFailed"
+    assert plan.scaler_status[so.kind_name].phase == "ScaleFailed"
     assert plan.spec_replicas == 2
 
 
@@ -594,16 +605,16 @@ def test_a_script_that_outlives_the_timeout_never_undoes_the_scale_out() -> None
     later = plan_job(
         inp(spec, joined.status, pods, [so], now=NOW + timedelta(seconds=30), published=hosts)
     )
-    assert later.scaler_status.get(so.kind_name, so.status)["phase"] == "Scaling"
+    assert later.scaler_status.get(so.kind_name, so.status).phase == "Scaling"
     assert later.delete_pods == [] and later.run_scripts, later
-    reported = dict(so.status, conditions=[*so.status["conditions"], {
+    reported = dict(so.status.to_dict(), conditions=[*(so.status.conditions or []), {
         "type": "ScriptExecuted", "status": "False", "reason": "ScriptFailed",
         "message": "script exited 124 on j-launcher"}])  # fmt: skip
-    so = dataclasses.replace(so, status=reported)
+    so = dataclasses.replace(so, status=scaler_status(so.kind, reported))
     done = plan_job(
         inp(spec, later.status, pods, [so], now=NOW + timedelta(seconds=31), published=hosts)
     )
-    assert done.scaler_status[so.kind_name]["phase"] == "ScaleSucceeded"
+    assert done.scaler_status[so.kind_name].phase == "ScaleSucceeded"
 
 
 def test_workers_that_cannot_run_are_said_on_the_job() -> None:
@@ -650,7 +661,9 @@ def test_a_scale_in_that_waits_says_for_what() -> None:
     si = dataclasses.replace(si, status=start.scaler_status[si.kind_name])
     pods = [w(0), w(1, busy=True), launcher()]
     plan = plan_job(inp(spec, start.status, pods, [si], published=["j-worker-0"]))
-    cond = next(c for c in plan.scaler_status[si.kind_name]["conditions"] if c["type"] == "Scaling")
+    cond = next(
+        c for c in plan.scaler_status[si.kind_name].conditions or [] if c["type"] == "Scaling"
+    )
     assert cond["reason"] == "Draining" and "j-worker-1" in cond["message"]
     assert "60s timeout" in cond["message"]
 
@@ -664,12 +677,12 @@ def _script_scale_out(
     manifest["spec"]["script"] = "/hooks/notify.sh"
     so = scaler(manifest)
     first = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()], [so]))
-    status = dict(first.scaler_status[so.kind_name])
+    status = first.scaler_status[so.kind_name].to_dict()
     if started is not None:
         status["conditions"] = [*status["conditions"], {
             "type": "ScriptExecuted", "status": "Unknown", "reason": "ScriptRunning",
             "message": "started on j-launcher", "lastTransitionTime": started}]  # fmt: skip
-    so = dataclasses.replace(so, status=status)
+    so = dataclasses.replace(so, status=scaler_status(so.kind, status))
     pods = [w(0), w(1), w(2), launcher()]
     joined = plan_job(inp(spec, first.status, pods, [so]))
     return spec, joined.status, so, pods
@@ -687,7 +700,7 @@ def test_a_script_marked_started_is_never_started_again() -> None:
     assert early.run_scripts == [] and [(k, over) for k, _, over in early.check_scripts] == [
         (so.kind_name, False)
     ]
-    assert early.scaler_status.get(so.kind_name, so.status)["phase"] == "Scaling"
+    assert early.scaler_status.get(so.kind_name, so.status).phase == "Scaling"
     late = plan_job(inp(spec, status, pods, [so], now=NOW + timedelta(seconds=40), published=hosts))
     assert late.run_scripts == [] and [over for _, _, over in late.check_scripts] == [True]
     spec, status, so, pods = _script_scale_out(None)
@@ -740,13 +753,13 @@ def test_a_finished_scaler_no_longer_says_it_is_scaling() -> None:
     pods = [w(0), w(1), w(2), launcher()]
     joined = plan_job(inp(spec, first.status, pods, [so2]))
     done = plan_job(inp(spec, joined.status, pods, [so2], published=joined.hosts))
-    ended = done.scaler_status[so.kind_name]
+    ended = done.scaler_status[so.kind_name].to_dict()
     conds = {c["type"]: c for c in ended["conditions"]}
     assert ended["phase"] == "ScaleSucceeded" and conds["ScaleSucceeded"]["status"] == "True"
     assert conds["Scaling"]["status"] == "False" and conds["Scaling"]["reason"] == "ScaleSucceeded"
     late = NOW + timedelta(seconds=120)
     failed = plan_job(inp(spec, first.status, [w(0), w(1), launcher()], [so2], now=late))
-    conds = {c["type"]: c for c in failed.scaler_status[so.kind_name]["conditions"]}
+    conds = {c["type"]: c for c in failed.scaler_status[so.kind_name].conditions or []}
     assert conds["ScaleFailed"]["status"] == "True" and conds["Scaling"]["status"] == "False"
 
 

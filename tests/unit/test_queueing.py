@@ -83,7 +83,7 @@ def test_a_scale_out_creates_no_worker_until_its_slice_is_admitted() -> None:
     wait = plan_job(dataclasses.replace(queued(spec, start.status, pods, ADMITTED), scalers=[so]))
     assert wait.make_slice is not None and wait.make_slice[1] == 3
     assert wait.create_workers == []
-    sc = wait.scaler_status.get(so.kind_name) or so.status
+    sc = (wait.scaler_status.get(so.kind_name) or so.status).to_dict()
     assert "WaitingForQuota" in str(sc["conditions"])
     admitted = dataclasses.replace(ADMITTED, workload=wait.make_slice[0], admitted_workers=3)
     go = plan_job(dataclasses.replace(queued(spec, start.status, pods, admitted), scalers=[so]))

@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from etoperator.api.statuses import JobStatus
+from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
 from etoperator.planning.writes import (
     DeletePod,
     HostList,
     JobStatusWrite,
     MakeScaler,
-    ScalerStatus,
+    ScalerStatusWrite,
     SpecReplicas,
     WorkerObjects,
     ordered,
@@ -75,7 +75,7 @@ class World:
         reconciler runs them), each a step a crash can end the pass after."""
         plan = plan_job(self.observe())
         for write in ordered(plan, self.status, pods=True, queued=False):
-            if isinstance(write, ScalerStatus):
+            if isinstance(write, ScalerStatusWrite):
                 self.write(self._set_scaler, write.kind_name, write.status)
             elif isinstance(write, JobStatusWrite):
                 self.write(setattr, self, "status", write.status)
@@ -92,7 +92,7 @@ class World:
                 self.write(self._make, write.wanted)
         return plan.requeue
 
-    def _set_scaler(self, key: tuple[str, str], status: dict[str, Any]) -> None:
+    def _set_scaler(self, key: tuple[str, str], status: ScalerStatus) -> None:
         self.scalers[key] = dataclasses.replace(self.scalers[key], status=status)
 
     def _start(self, i: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from etoperator.api.statuses import JobStatus
+from etoperator.api.statuses import JobStatus, ScaleInStatus
 from etoperator.planning import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
@@ -18,7 +18,7 @@ from etoperator.planning.writes import (
     MakeLauncherAccess,
     MakeScaler,
     QueueWrites,
-    ScalerStatus,
+    ScalerStatusWrite,
     SpecReplicas,
     WorkerObjects,
     ordered,
@@ -32,7 +32,7 @@ EVERYTHING = Plan(
     create_launcher=True,
     hosts=["j-worker-0", "j-worker-3"],
     services=["j-worker-0", "j-worker-3"],
-    scaler_status={("ScaleIn", "less"): {"phase": "Scaling"}},
+    scaler_status={("ScaleIn", "less"): ScaleInStatus(phase="Scaling")},
     adopt_scalers=[("ScaleIn", "less")],
     create_scalers=[{"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}],
     spec_replicas=2,
@@ -57,11 +57,12 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
         (("ServiceAccount", "j-launcher"), ("Role", "j-launcher"))
     )
     assert kinds(writes) == [
-        "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas", "MakeGang", "HostList",
-        "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler", "QueueWrites",
+        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "MakeGang",
+        "HostList", "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler",
+        "QueueWrites",
     ]  # fmt: skip
     assert writes[0] == AdoptScaler(("ScaleIn", "less"))
-    assert writes[1] == ScalerStatus(("ScaleIn", "less"), {"phase": "Scaling"})
+    assert writes[1] == ScalerStatusWrite(("ScaleIn", "less"), ScaleInStatus(phase="Scaling"))
     assert writes[3] == SpecReplicas(2)
     assert writes[5] == HostList(("j-worker-0", "j-worker-3"))
     assert writes[6:8] == [DeletePod("j-worker-1", False), DeletePod("j-worker-2", True)]
@@ -81,5 +82,5 @@ def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     writes = ordered(EVERYTHING, JobStatus(), pods=False, queued=True)
     assert kinds(writes) == [
         "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
-        "AdoptScaler", "ScalerStatus", "JobStatusWrite", "SpecReplicas",
+        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas",
     ]  # fmt: skip
