@@ -92,10 +92,10 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
     # No room: a's ScaleOut waits, says so, and is rolled back at its timeout, its slice gone.
     cluster.create(scaleout("a-more", "a", 1, timeout=8), ns)
     wait_for(
-        lambda: "WaitingForQuota" in str(cluster.condition(ns, "a-more", "Scaling", "ScaleOut")),
-        15, "waiting for quota",
+        lambda: "WaitingForQuota" in str(cluster.condition(ns, "a-more", "Scaling", "ScaleOut"))
+        and len(live_workloads(cluster, ns, "a")) == 2,  # the slice asks for 3 workers
+        15, "waiting for quota, its slice made",
     )  # fmt: skip
-    assert len(live_workloads(cluster, ns, "a")) == 2  # the slice asks for 3 workers
     assert len(cluster.pods(ns, "a", role="worker")) == 2
     wait_for(lambda: cluster.phase(ns, "a-more", "ScaleOut") == "ScaleFailed", 20, "rolled back")
     wait_for(lambda: len(live_workloads(cluster, ns, "a")) == 1, 15, "slice removed")

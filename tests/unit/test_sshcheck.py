@@ -14,9 +14,13 @@ import pytest
 
 from etoperator.builders import ssh
 from etoperator.sshcheck import HorovodOn, SSHProber, busy_script, load_key, ready_script
+from localcluster.procs import free_port
 from tests.harness import wait_for
 
-IP, PORT = "127.10.250.2", 2223
+# A port free when the module loads: two runs on one machine (a checkout's and a clone's) each
+# start their own sshd.
+IP = "127.10.250.2"
+PORT = free_port(IP)
 # A handshake on a loaded machine (the suite's clusters beside it) takes seconds: a probe gives
 # up after this, and would read as "unknown".
 PROBE_TIMEOUT = 20
