@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
         os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
+    if problem := patterns_unfollowable(args.namespace, args.kubeconfig):
+        print(f"etoperator: {problem}", file=sys.stderr)
+        return 2
     import kopf
     from kopf._core.engines.peering import Identity  # not re-exported by kopf
 
@@ -112,6 +115,32 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def patterns_unfollowable(chosen: list[str], kubeconfig: str | None) -> str | None:
+    """Why the namespaces `-n` chose cannot be followed, if they cannot: a pattern has kopf
+    list and watch namespaces to find those it matches, and without that right it retries the
+    list for ever and serves nothing, saying only "forbidden" now and then. Not asked (None)
+    when every name is exact, or when the apiserver does not answer (kopf will retry)."""
+    from etoperator import kube
+    from etoperator.settings import is_pattern
+
+    patterns = [n for n in chosen if is_pattern(n)]
+    if not patterns:
+        return None
+    try:
+        client = kube.Kube(kube.load_config(kubeconfig, connections=1))
+        missing = [verb for verb in ("list", "watch") if not client.may(verb, "namespaces")]
+    except kube.ApiError:
+        return None
+    if not missing:
+        return None
+    return (
+        f"-n {' '.join(patterns)}: a pattern makes the operator follow the namespaces it "
+        f"matches, which needs {' and '.join(missing)} on namespaces cluster-wide, and this "
+        "account may not; grant them (a ClusterRole rule: resources [namespaces], verbs "
+        "[list, watch]) or name the namespaces exactly"
+    )
 
 
 # Loggers that speak at INFO of what is routine: kopf of every event handler run and every

@@ -271,6 +271,18 @@ class Kube:
                 return False
             raise
 
+    def may(self, verb: str, resource: str, group: str = "") -> bool:
+        """Whether this account may `verb` `resource` cluster-wide (a SelfSubjectAccessReview,
+        which every authenticated user may ask). It writes nothing: not gated."""
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group}},
+        }
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        answer = self._send("POST", path, f"POST {path}", review, None, "application/json", 10)
+        return bool((answer.get("status") or {}).get("allowed"))
+
     def namespace_state(self, namespace: str) -> str:
         """The namespace's state: gone, terminating, live, or unknown when this operator may
         not read namespaces (an install confined to chosen namespaces)."""

@@ -73,7 +73,7 @@ class Settings:
     @property
     def exact_namespaces(self) -> bool:
         """Chosen namespaces, all named exactly (no pattern): nothing to discover."""
-        return bool(self.namespaces) and not any(set(n) & set("*?[]!") for n in self.namespaces)
+        return bool(self.namespaces) and not any(map(is_pattern, self.namespaces))
 
     def describe(self) -> str:
         return (
@@ -83,6 +83,11 @@ class Settings:
             f"max_workers={self.max_workers} "
             f"leader_election={self.leader_election} identity={self.identity}"
         )
+
+
+def is_pattern(namespace: str) -> bool:
+    """A `-n` value kopf reads as a pattern (a glob, or a negation), not a name."""
+    return bool(set(namespace) & set("*?[]!"))
 
 
 def own_identity(env: Mapping[str, str]) -> str:
