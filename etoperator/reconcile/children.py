@@ -37,8 +37,8 @@ class Acted:
     """What acting on a job's children met, said on the job by its next pass."""
 
     problems: list[str] = field(default_factory=list)  # objects of others in the way
-    held: list[str] = field(default_factory=list)  # of them, in the way of the job's basics
     squatted: list[str] = field(default_factory=list)  # worker names others' pods hold
+    held: list[str] = field(default_factory=list)  # in the way of the job's basics
 
 
 @dataclass
@@ -333,10 +333,10 @@ class Children:
             and ("Service", svc_name) not in unseen
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
-        secret, keys = self._pod_keys(spec, bool(indices))
+        secret, items = self._pod_secret(spec, bool(indices))
         where = plan.placement.get(WORKER_SET, ANYWHERE)
         workers = [
-            pods.worker_pod(spec, owner, i, secret, keys, where)
+            pods.worker_pod(spec, owner, i, secret, items, where)
             for i in indices
             if ("Pod", naming.worker_name(name, i)) not in unseen
         ]
@@ -346,22 +346,22 @@ class Children:
         squatted = [
             w["metadata"]["name"] for w, p in zip(workers, found[len(made) :], strict=True) if p
         ]
-        return Acted([p for each in found for p in each], squatted)
+        return Acted(problems=[p for each in found for p in each], squatted=squatted)
 
     def launcher(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
         if ("Pod", naming.launcher_name(spec.name)) in self.writes.unseen(obs):
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
-        secret, keys = self._pod_keys(spec, True)
+        secret, items = self._pod_secret(spec, True)
         run = plan.status.restart_count or 0
         where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
-        return self.create_child(obs, pods.launcher_pod(spec, owner, secret, keys, run, where))
+        return self.create_child(obs, pods.launcher_pod(spec, owner, secret, items, run, where))
 
-    def _pod_keys(self, spec: JobSpec, building: bool) -> tuple[str, frozenset[str]]:
-        """The Secret pods mount and its data names (for a user's Secret a GET: only asked
-        when a pod is built)."""
+    def _pod_secret(self, spec: JobSpec, building: bool) -> tuple[str, frozenset[str]]:
+        """The Secret pods mount and its items, the names in its data (for a user's Secret a
+        GET: only asked when a pod is built)."""
         secret = spec.ssh_secret or naming.secret_name(spec.name)
-        return secret, self._secret_keys(spec, secret) if building else ssh.OWN_KEYS
+        return secret, self._secret_items(spec) if building else ssh.OWN_KEYS
 
     def create_replicas_scaler(
         self, obs: Observed, spec: JobSpec, wanted: dict[str, Any]
@@ -386,7 +386,7 @@ class Children:
         self.kube.event(obs.job, "Normal", "ReplicasChanged", message, self.clock())
         return []
 
-    def _secret_keys(self, spec: JobSpec, secret_name: str) -> frozenset[str]:
+    def _secret_items(self, spec: JobSpec) -> frozenset[str]:
         if not spec.ssh_secret:
             return ssh.OWN_KEYS
         return frozenset((self.user_secret(spec) or {}).get("data") or {})
