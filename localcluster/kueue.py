@@ -122,7 +122,8 @@ class Kueue:
         # Server-side: the Workload CRD is larger than a client-side apply's annotation may be.
         self._kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(docs))
         names = [f"crd/{c['metadata']['name']}" for c in crds]
-        self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        # Polled, not `kubectl wait`: on a loaded machine that exited 1 within seconds (once).
+        procs.wait_until(lambda: self._established(names), "Kueue's CRDs established", 60)
         self._kubectl("create", "namespace", "kueue-system", check=False)
 
     def _spawn(self, port: int) -> None:
@@ -177,13 +178,21 @@ class Kueue:
         )
         return res.returncode == 0
 
+    def _established(self, names: list[str]) -> bool:
+        path = '{range .items[*]}{.status.conditions[?(@.type=="Established")].status} {end}'
+        got = self._kubectl("get", *names, "-o", f"jsonpath={path}", check=False)
+        return got.returncode == 0 and got.stdout.split() == ["True"] * len(names)
+
     def _kubectl(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        res = subprocess.run(
             [str(self.cp.kubectl_path()), "--kubeconfig", str(self.cp.admin_kubeconfig), *args],
-            capture_output=True, text=True, input=input, timeout=120, check=check,
+            capture_output=True, text=True, input=input, timeout=120,
         )  # fmt: skip
+        if check and res.returncode != 0:
+            raise procs.StartError(f"kubectl {' '.join(args[:3])}: {res.stderr.strip()[-2000:]}")
+        return res
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

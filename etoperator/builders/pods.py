@@ -123,13 +123,13 @@ def worker_pod(
     owner: Owner,
     index: int,
     secret: str,
-    secret_keys: frozenset[str],
+    secret_items: frozenset[str],
     placement: Placement = ANYWHERE,
 ) -> dict[str, Any]:
     name = naming.worker_name(job_spec.name, index)
     spec = _with_volumes(
         job_spec.worker.template,
-        [_ssh_volume(secret, secret_keys)],
+        [_ssh_volume(secret, secret_items)],
         [{"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT}],
     )
     first = spec["containers"][0]
@@ -155,7 +155,7 @@ def launcher_pod(
     job_spec: JobSpec,
     owner: Owner,
     secret: str,
-    secret_keys: frozenset[str],
+    secret_items: frozenset[str],
     run: int,
     placement: Placement = ANYWHERE,
 ) -> dict[str, Any]:
@@ -163,7 +163,7 @@ def launcher_pod(
     launcher left over from an earlier run is never taken for the current one."""
     spec = _with_volumes(
         job_spec.launcher.template,
-        [_ssh_volume(secret, secret_keys), _config_volume(job_spec.name)],
+        [_ssh_volume(secret, secret_items), _config_volume(job_spec.name)],
         [
             {"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT},
             {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},

@@ -1,6 +1,7 @@
-"""A pass's Draft: what it observed, the status it is writing and the plan it is building,
-with the few operations on them every step uses (conditions, deletions, a fresh run). Steps
-are functions in lifecycle.py, membership.py, scaling.py and ends.py that take the Draft."""
+"""A pass's Draft: its input, the status it is writing and the plan it is building, with the
+few operations on them every step uses (conditions, deletions, the membership, a fresh run).
+Steps are functions in lifecycle.py, membership.py, scaling.py and ends.py that take the
+Draft."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Draft:
     def __init__(self, inp: JobInput) -> None:
         self.inp = inp
         self.now = iso(inp.now)
-        self.observed = copy.deepcopy(inp.status)  # as read: what the pass started from
+        self.status_read = copy.deepcopy(inp.status)  # what the pass started from
         self.status = copy.deepcopy(inp.status)  # what the pass will write
         self.plan = Plan(status=self.status)
         self.workers = {p.name: p for p in inp.pods if p.role == naming.ROLE_WORKER}
@@ -130,16 +131,23 @@ class Draft:
             return min(q.admitted_workers, self.spec.worker.replicas)
         return self.spec.worker.replicas
 
+    def set_members(self, m: Members, publish: bool = True) -> None:
+        """The run's membership, written here and nowhere else: targetWorkers (`m.members`)
+        and currentWorkers (`m.hosts`, by index); with `publish`, also the host list this
+        pass gives Horovod (the ConfigMap's)."""
+        self.status.target_workers = list(m.members)
+        self.status.current_workers = by_index(self.spec.name, list(m.hosts))
+        if publish:
+            self.plan.hosts = list(self.status.current_workers)
+
     def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
         job_spec = self.spec
         start, size = self.last_index() + 1, self.run_size()
         self.status.run_start_index = start
-        self.status.target_workers = [
-            naming.worker_name(job_spec.name, i) for i in range(start, start + size)
-        ]
+        names = tuple(naming.worker_name(job_spec.name, i) for i in range(start, start + size))
+        self.set_members(Members(names, ()))
         self.status.last_worker_index = start + size - 1
-        self.status.current_workers = []
         self.accept_replicas(job_spec.worker.replicas)
         self.status.phase = st.CREATED
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
@@ -155,9 +163,7 @@ class Draft:
             self.follow_members(len(before))
         for pod in self.inp.pods:
             self.delete(pod.name)
-        self.status.target_workers = []
-        self.status.current_workers = []
-        self.plan.hosts = []
+        self.set_members(Members((), ()))
         if active is not None:
             self.fail_scaler(active, reason, message)
         self.status.current_scaler = ""

@@ -16,7 +16,7 @@ def wind_down(d: Draft) -> None:
             job_spec.clean_pod_policy == "Running" and pod.phase in ("Pending", "Running")
         ):
             d.delete(pod.name)
-    current = d.observed.current_scaler or ""
+    current = d.status_read.current_scaler or ""
     d.status.current_scaler = ""
     for sc in d.inp.scalers:
         # One that started but is not the job's current scaler has ended already: our own
@@ -60,7 +60,6 @@ def restart_or_fail(d: Draft, launcher: PodView) -> None:
         for pod in d.inp.pods:
             d.delete(pod.name)
         d.start_fresh_run()
-        d.plan.hosts = []
         d.set_cond(
             "Restarting",
             "True",

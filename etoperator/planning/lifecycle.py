@@ -12,7 +12,7 @@ from etoperator import status as st
 from etoperator.api.statuses import JobStatus
 from etoperator.clock import iso
 from etoperator.planning import gangs, queueing
-from etoperator.planning.draft import Draft
+from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
 from etoperator.planning.views import JobInput, Plan
@@ -145,18 +145,18 @@ def suspend(d: Draft) -> None:
 
 
 def complete_plan(d: Draft) -> Plan:
-    job = d.inp.spec
-    if job is not None:
+    job_spec = d.inp.spec
+    if job_spec is not None:
         members = set(d.status.target_workers or [])
-        wanted = {naming.worker_index(job.name, m) for m in members}
-        held = {naming.worker_index(job.name, m) for m in queueing.held_by_quota(d)}
+        wanted = {naming.worker_index(job_spec.name, m) for m in members}
+        held = {naming.worker_index(job_spec.name, m) for m in queueing.held_by_quota(d)}
         d.plan.create_workers = sorted(set(d.plan.create_workers) & wanted - held)
         keep = {
             p.name
             for p in d.workers.values()
             if not p.deleting and p.name not in d.plan.delete_pods
         }
-        keep |= {naming.worker_name(job.name, i) for i in d.plan.create_workers}
+        keep |= {naming.worker_name(job_spec.name, i) for i in d.plan.create_workers}
         if d.status.phase not in st.TERMINAL:
             keep |= members
         d.plan.services = sorted(keep)
@@ -190,7 +190,7 @@ def drop_foreign_names(d: Draft) -> None:
     foreign = sorted({n for n in named if naming.worker_index(job, n) is None})
     if not foreign:
         return
-    d.status.target_workers = [n for n in d.status.members if n not in foreign]
-    d.status.current_workers = [n for n in d.status.hosts if n not in foreign]
+    kept = Members(tuple(d.status.members), tuple(d.status.hosts)).without(*foreign)
+    d.set_members(kept, publish=False)
     message = f"the status named {', '.join(foreign)}, not workers of this job: dropped"
     d.plan.events.append(Event("Warning", "StatusRepaired", message))

@@ -8,7 +8,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
-from etoperator.planning.rules import by_index, replaces, workers
+from etoperator.planning.rules import replaces, workers
 from etoperator.planning.scaling import (
     drive_scale_in,
     drive_scale_out,
@@ -39,18 +39,16 @@ def advance_run(d: Draft) -> None:
     elif active is not None:
         m = drive_scale_in(d, active, m)
     m = m.sorted(d.spec.name)
-    d.status.target_workers = list(m.members)
     say_pending(d, m)
     after = launch(d, m, launcher, launched, newcomers)
     if after is None:
-        return  # the job ended
-    d.status.current_workers = by_index(d.spec.name, list(after.hosts))
-    d.plan.hosts = d.status.current_workers
-    if d.status.phase in (st.RUNNING, st.SCALING):
-        start_scalers(d)
+        return  # the job ended (the step that ended it wrote the membership it left)
+    running = d.status.phase in (st.RUNNING, st.SCALING)
+    d.set_members(start_scalers(d, after) if running else after)
+    if running:
         follow_replicas(d, shrunk)
         d.status.phase = st.SCALING if d.status.current_scaler else st.RUNNING
-    waiting = [d.workers.get(n) for n in d.status.target_workers]
+    waiting = [d.workers.get(n) for n in d.status.members]
     if any(not (w and w.ready) for w in waiting):
         d.await_pods("members not ready yet")
     if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
@@ -105,10 +103,7 @@ def drop_lost(
         elif name not in victims:
             replaced = replace_lost(d, name, member, launched)
             if replaced is None:
-                d.status.target_workers, d.status.current_workers = (
-                    list(m.members),
-                    list(m.hosts),
-                )
+                d.set_members(m, publish=False)
                 fail_job(
                     d,
                     "WorkerFailed",
@@ -121,16 +116,16 @@ def drop_lost(
 
 def replace_lost(d: Draft, name: str, member: PodView | None, launched: bool) -> list[str] | None:
     """Said on the job; the replacement's name ([] when none is due; None: fail the job)."""
-    job, why = d.spec, describe_loss(member)
+    job_spec, why = d.spec, describe_loss(member)
     message = f"worker {name} {why}; removed from the host list"
     d.plan.events.append(Event("Warning", "WorkerLost", message))
     if member is not None and member.leaving:
         notice = f"worker {name} {why}; left the host list before being stopped"
         d.set_cond("WorkerPreempted", "True", "PreemptionNotice", notice)
-    if replaces(job.worker.restart_policy, member):
+    if replaces(job_spec.worker.restart_policy, member):
         index = d.last_index() + 1
         d.status.last_worker_index = index
-        new = naming.worker_name(job.name, index)
+        new = naming.worker_name(job_spec.name, index)
         d.plan.events.append(Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}"))
         return [new]
     return [] if launched else None
@@ -207,7 +202,7 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
     name = naming.launcher_name(job_spec.name)
     if launcher is None or launcher.deleting:
         if job_spec.launcher.restart_policy not in ("Always", "OnFailure"):
-            d.status.target_workers, d.status.current_workers = list(m.members), list(m.hosts)
+            d.set_members(m, publish=False)
             why = "disappeared and its restartPolicy does not recreate it"
             fail_job(d, "LauncherLost", f"launcher {name} {why}")
             return None
@@ -216,7 +211,7 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
         d.plan.events.append(Event("Warning", "LauncherRecreated", message))
         d.come_back("the launcher is being recreated")
     elif launcher.phase in ("Succeeded", "Failed"):
-        d.status.current_workers = by_index(job_spec.name, list(m.hosts))
+        d.set_members(m, publish=False)
         if launcher.phase == "Succeeded":
             succeed_job(d)
         else:

@@ -10,7 +10,7 @@ import hashlib
 
 from etoperator import naming
 from etoperator import status as st
-from etoperator.planning.draft import Draft
+from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job
 from etoperator.planning.rules import workers
 from etoperator.planning.views import QueueView, ScalerView
@@ -63,7 +63,7 @@ def wait(d: Draft, reason: str, message: str, warn: bool = False) -> bool:
     """No pod runs: the run stops (its running scale fails) and the job waits, saying why
     (an Event only when the reason changes: Kueue's words on quota change often)."""
     d.stop_run("JobQueued", f"the job waits for its queue: {message}")
-    if d.observed.phase is None:
+    if d.status_read.phase is None:
         # Its first pass named the workers of a run that never started: names stay unused.
         d.status.last_worker_index = (d.status.run_start_index or 0) - 1
     d.status.phase = st.QUEUED
@@ -223,7 +223,7 @@ def grow(d: Draft, count: int) -> None:
     first = d.last_index() + 1
     names = [naming.worker_name(job, i) for i in range(first, first + count)]
     d.status.last_worker_index = first + count - 1
-    d.status.target_workers = [*d.status.members, *names]
+    d.set_members(Members(tuple(d.status.members), tuple(d.status.hosts)).adding(*names), False)
     d.plan.create_workers.extend(range(first, first + count))
     message = f"the queue admitted {workers(count)} more: adding {', '.join(names)}"
     d.plan.events.append(Event("Normal", "Grown", message))

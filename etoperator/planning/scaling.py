@@ -12,7 +12,13 @@ from etoperator.api.statuses import ScaleOutStatus
 from etoperator.clock import parse_iso
 from etoperator.planning import queueing
 from etoperator.planning.draft import Draft, Members
-from etoperator.planning.rules import check_scale_in, check_scale_out, scaler_order, script_argv
+from etoperator.planning.rules import (
+    by_index,
+    check_scale_in,
+    check_scale_out,
+    scaler_order,
+    script_argv,
+)
 from etoperator.planning.views import ScalerView
 
 SCRIPT_EXECUTED = "ScriptExecuted"
@@ -251,8 +257,9 @@ def finish_scale(d: Draft, sc: ScalerView, what: str) -> None:
     d.set_cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
 
 
-def start_scalers(d: Draft) -> None:
-    """Fail bad scalers; start the oldest waiting one when none runs."""
+def start_scalers(d: Draft, m: Members) -> Members:
+    """Fail bad scalers; start the oldest waiting one when none runs: the membership it
+    leaves (its frozen plan's workers added, or its victims out of the host list)."""
     job_spec = d.spec
     waiting = []
     for sc in sorted(d.inp.scalers, key=scaler_order):
@@ -263,8 +270,8 @@ def start_scalers(d: Draft) -> None:
         else:
             waiting.append(sc)
     if d.status.current_scaler or not waiting:
-        return
-    members, hosts = d.status.members, d.status.hosts
+        return m
+    members, hosts = list(m.members), by_index(d.spec.name, list(m.hosts))
     for sc in waiting:
         spec = sc.spec
         assert spec is not None
@@ -279,7 +286,7 @@ def start_scalers(d: Draft) -> None:
                 naming.worker_name(job_spec.name, i) for i in range(first, first + spec.count)
             ]
             d.status.last_worker_index = first + spec.count - 1
-            d.status.target_workers = members + planned
+            m = m.adding(*planned)
             d.plan.create_workers.extend(range(first, first + spec.count))
             what = f"adding {', '.join(planned)}"
         else:
@@ -287,9 +294,7 @@ def start_scalers(d: Draft) -> None:
             if problem:
                 d.fail_scaler(sc, "InvalidScaleIn", problem)
                 continue
-            d.status.target_workers = [m for m in members if m not in planned]
-            d.status.current_workers = [h for h in hosts if h not in planned]
-            d.plan.hosts = d.status.current_workers
+            m = m.without(*planned)
             what = f"removing {', '.join(planned)}"
         new = copy.deepcopy(sc.status)
         if isinstance(new, ScaleOutStatus):
@@ -303,7 +308,8 @@ def start_scalers(d: Draft) -> None:
         d.status.scaler_pods = planned
         d.set_cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
         d.come_back("a scaler started")
-        return
+        return m
+    return m
 
 
 def follow_replicas(d: Draft, shrunk: bool) -> None:
@@ -314,7 +320,7 @@ def follow_replicas(d: Draft, shrunk: bool) -> None:
     request = replicas_request(d)
     if request is not None:
         take_request(d, request)
-    elif (d.observed.current_scaler or "") != (d.status.current_scaler or "") or (
+    elif (d.status_read.current_scaler or "") != (d.status.current_scaler or "") or (
         shrunk and not d.status.current_scaler  # a running scaler follows at its end
     ):
         d.follow_members(len(d.status.members))
@@ -333,7 +339,7 @@ def replicas_request(d: Draft) -> int | None:
     if accepted is None or spec == accepted:
         d.accept_replicas(spec)
         return None
-    ours = d.inp.generation == d.observed.observed_generation
+    ours = d.inp.generation == d.status_read.observed_generation
     if spec == d.status.replicas_before and ours:
         d.plan.spec_replicas = int(accepted)
         return None

@@ -300,10 +300,10 @@ class Observer:
         known, fresh = self._scaler_views.get(jid, {}), {}
         for body in obs.scalers:
             smeta = body["metadata"]
-            key, version = smeta.get("uid") or smeta["name"], smeta.get("resourceVersion")
-            hit = known.get(key)
+            uid, version = smeta.get("uid") or smeta["name"], smeta.get("resourceVersion")
+            hit = known.get(uid)
             view = hit[1] if hit and version and hit[0] == version else None
-            fresh[key] = (version, view or scaler_view(body, meta["uid"]))
+            fresh[uid] = (version, view or scaler_view(body, meta["uid"]))
         self._scaler_views[jid] = fresh
         return [view for _, view in fresh.values()]
 
