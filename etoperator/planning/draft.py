@@ -140,6 +140,17 @@ class Draft:
         if publish:
             self.plan.hosts = list(self.status.current_workers)
 
+    def scale_started(self, sc: ScalerView, planned: list[str]) -> None:
+        """The job's running scale, written here and in `scale_ended` only: currentScaler names
+        it, scalerPods holds its frozen plan (to undo it if it is deleted while it runs)."""
+        self.status.current_scaler = naming.scaler_ref(sc.kind, self.inp.namespace, sc.name)
+        self.status.scaler_pods = list(planned)
+
+    def scale_ended(self) -> None:
+        """No scale runs (the next may start)."""
+        self.status.current_scaler = ""
+        self.status.scaler_pods = None
+
     def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
         job_spec = self.spec
@@ -166,7 +177,7 @@ class Draft:
         self.set_members(Members((), ()))
         if active is not None:
             self.fail_scaler(active, reason, message)
-        self.status.current_scaler = ""
+        self.scale_ended()
 
     def follow_members(self, members: int) -> None:
         worker = self.spec.worker

@@ -17,7 +17,7 @@ def wind_down(d: Draft) -> None:
         ):
             d.delete(pod.name)
     current = d.status_read.current_scaler or ""
-    d.status.current_scaler = ""
+    d.scale_ended()
     for sc in d.inp.scalers:
         # One that started but is not the job's current scaler has ended already: our own
         # write of its end is what the cache has yet to show.
@@ -55,7 +55,7 @@ def restart_or_fail(d: Draft, launcher: PodView) -> None:
     why = f"the launcher failed ({launcher.reason or 'Error'}, exit code {launcher.exit_code})"
     if job_spec.restart_policy == "OnFailure" and count < job_spec.backoff_limit:
         fail_active(d, "JobRestarted", "the job restarted; scale not applied")
-        d.status.current_scaler = ""
+        d.scale_ended()
         d.status.restart_count = count + 1
         for pod in d.inp.pods:
             d.delete(pod.name)

@@ -174,7 +174,7 @@ def complete_plan(d: Draft) -> Plan:
         }
         d.status.replicas = len(d.status.current_workers or [])
     if not d.status.current_scaler:
-        d.status.scaler_pods = None
+        d.scale_ended()
     d.status.observed_generation = d.inp.generation
     d.plan.pending = [*d.pending, *d.watching]
     if d.pending or d.plan.create_workers or d.plan.delete_pods:

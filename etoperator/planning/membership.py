@@ -65,7 +65,7 @@ def read_members(d: Draft) -> tuple[Members, ScalerView | None]:
         ref = naming.parse_scaler_ref(str(d.status.current_scaler))
         if ref is not None and (ref[0], ref[2]) not in d.scalers:
             m = cancel_scale(d, ref[0], ref[2], m)
-        d.status.current_scaler = ""
+        d.scale_ended()
     return m, active
 
 

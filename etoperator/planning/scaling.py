@@ -178,7 +178,7 @@ def fail_scale_out(
     for n in ours:
         d.delete(n)
     d.fail_scaler(sc, "ScaleOutFailed", message)
-    d.status.current_scaler = ""
+    d.scale_ended()
     d.set_cond(st.SCALING, "False", "ScaleOutFailed", why)
     return m.without(*sc.planned)
 
@@ -253,7 +253,7 @@ def script_record(sc: ScalerView) -> str:
 
 def finish_scale(d: Draft, sc: ScalerView, what: str) -> None:
     d.set_scaler_cond(sc, st.SCALE_SUCCEEDED, st.SCALE_SUCCEEDED, "ScaleSucceeded", what)
-    d.status.current_scaler = ""
+    d.scale_ended()
     d.set_cond(st.SCALING, "False", "ScaleSucceeded", f"{sc.kind} {sc.name}: {what}")
 
 
@@ -304,8 +304,7 @@ def start_scalers(d: Draft, m: Members) -> Members:
         new.start_time = d.now
         d.plan.scaler_status[sc.kind_name] = new
         d.set_scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
-        d.status.current_scaler = naming.scaler_ref(sc.kind, d.inp.namespace, sc.name)
-        d.status.scaler_pods = planned
+        d.scale_started(sc, planned)
         d.set_cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
         d.come_back("a scaler started")
         return m
