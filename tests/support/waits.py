@@ -38,3 +38,10 @@ def scrape(cluster: Cluster) -> dict[str, float]:
 def passes(cluster: Cluster) -> float:
     """Reconcile passes the operator has made (of all jobs)."""
     return scrape(cluster)["etoperator_reconciles_total"]
+
+
+def pass_attempts(cluster: Cluster) -> float:
+    """Passes made, and those not run because a view did not show the operator's own write
+    yet (of all jobs)."""
+    got = scrape(cluster)
+    return got["etoperator_reconciles_total"] + got.get("etoperator_stale_views_total", 0.0)
