@@ -1,16 +1,9 @@
 """Level-based reconcile of one TrainingJob and its scalers, a pass in this order: observe (the
-Observer), plan (planning/), write the plan (statuses, spec, events), act on the children
-(Children) and start scalers' scripts (Scripts). The JobReconciler holds those parts.
-
-Order of writes, chosen so that a crash or a 409 between any two of them is harmless:
-  1. scaler statuses: a scaler's plan (addPods/toDeletePods) is frozen before any pod moves;
-  2. the job status, with its resourceVersion as precondition: it points `currentScaler` at
-     the frozen plan and records membership before pods are created;
-  3. the spec replicas that status accepted (shown as the job's target; `replicasBefore` in the
-     status tells the operator's pending write from a `kubectl scale`);
-  4. children: ConfigMap host list first (so victims leave Horovod before they are deleted),
-     then pods and services.
-Every pass starts again from what is observed, so a pass cut short is finished by the next.
+Observer, and the basics as Children sees them), plan (planning/), then run the plan's one
+ordered list of writes (planning/writes.py says the order and why a crash or a 409 between any
+two of them is harmless): the basics, the statuses, the pass's events, the children; scripts
+start off the pass (Scripts). The JobReconciler holds those parts. Every pass starts again
+from what is observed, so a pass cut short is finished by the next.
 """
 
 from __future__ import annotations
