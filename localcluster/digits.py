@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from localcluster import procs
 from localcluster.tour import TRANSITION_TIMEOUT, scene
 from localcluster.world import ROOT, Chain, Timeout, wait_for
 
@@ -85,10 +86,12 @@ def static(epochs: int, ranks: int = 2, samples: Path | None = None, elastic: bo
         ]  # fmt: skip
         if samples is not None:
             cmd += ["--log-samples", str(samples)]
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=900,
-            env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
+        # Its ranks weigh as the processes they are, as a job's pods do on their nodes.
+        with procs.cpus_of_their_own("static-run", ranks) as join:
+            out = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=900, preexec_fn=join,
+                env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
+            )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return Run(out.stdout)
 

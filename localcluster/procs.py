@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -45,6 +46,31 @@ def weigh_as_self(cgroup: Path) -> None:
     shares = cgroup / "cpu.shares"
     if shares.exists():
         shares.write_text(str(NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
+
+
+@contextlib.contextmanager
+def cpus_of_their_own(name: str, cpus: int) -> Iterator[Callable[[], None]]:
+    """A cpu cgroup weighing as `cpus` processes at this process's nice, for a run of that many
+    busy processes on this machine (a training's ranks): grouped by session, they would weigh
+    as one. Yields what a child runs to join it (nothing where cgroups v1 are not ours)."""
+    group = Path("/sys/fs/cgroup/cpu") / f"etoperator-{name}-{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / "cpu.shares").write_text(str(cpus * NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
+    except OSError:
+        yield lambda: None
+        return
+
+    def join() -> None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
+
+    try:
+        yield join
+    finally:
+        with contextlib.suppress(OSError):  # what outlived the run goes back to the root group
+            for pid in (group / "cgroup.procs").read_text().split():
+                (group.parent / "cgroup.procs").write_text(pid)
+            group.rmdir()
 
 
 def spawn(

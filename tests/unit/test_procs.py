@@ -61,3 +61,19 @@ def test_a_child_runs_at_the_runs_nice_and_its_session_group_too(
         assert got["group"] == level
     if got["shares"] is not None:
         assert got["shares"] == procs.NICE_WEIGHTS[min(base + nice, 19)]
+
+
+def test_a_run_of_several_processes_weighs_as_many_and_leaves_no_group() -> None:
+    """The static training run's ranks share a session: grouped by it, they weighed as one."""
+    with procs.cpus_of_their_own("test", 3) as join:
+        child = subprocess.run(
+            ["cat", "/proc/self/cgroup"], capture_output=True, text=True, check=True,
+            preexec_fn=join,
+        )  # fmt: skip
+        groups = list(Path("/sys/fs/cgroup/cpu").glob(f"etoperator-test-{os.getpid()}"))
+        if not groups:
+            pytest.skip("no cpu cgroup of ours here (cgroup v1, root)")
+        (group,) = groups
+        assert int((group / "cpu.shares").read_text()) == 3 * procs.NICE_WEIGHTS[os.nice(0)]
+        assert f"/etoperator-test-{os.getpid()}" in child.stdout
+    assert not group.exists()
