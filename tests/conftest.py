@@ -84,7 +84,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # and a node's pods by its cgroup root, so the nice reaches them through localcluster/procs.py
 # (each child's session group, each node's cpu.shares), not by inheritance alone. Only side by
 # side (3 processes or more): alone, a process may run both kinds.
-HALF_NICE = 6
+HALF_NICE = 4
 _niced: list[bool] = []
 
 
