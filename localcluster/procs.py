@@ -40,12 +40,13 @@ def _yield_cpu(nice: int) -> None:
         group.write_text(str(level))
 
 
-def weigh_as_self(cgroup: Path) -> None:
-    """A cpu cgroup of ours (a node's root: all its pods) weighs what this process does: a
-    cluster started by a niced run yields to the others as its processes do."""
+def weigh_as_self(cgroup: Path, processes: int = 1) -> None:
+    """A cpu cgroup of ours (a node's root: all its pods) weighs what this process does, or
+    `processes` like it: a cluster started by a niced run yields to the others as its
+    processes do."""
     shares = cgroup / "cpu.shares"
     if shares.exists():
-        shares.write_text(str(NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
+        shares.write_text(str(processes * NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
 
 
 @contextlib.contextmanager
@@ -56,7 +57,7 @@ def cpus_of_their_own(name: str, cpus: int) -> Iterator[Callable[[], None]]:
     group = Path("/sys/fs/cgroup/cpu") / f"etoperator-{name}-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
-        (group / "cpu.shares").write_text(str(cpus * NICE_WEIGHTS[max(0, min(os.nice(0), 19))]))
+        weigh_as_self(group, cpus)
     except OSError:
         yield lambda: None
         return

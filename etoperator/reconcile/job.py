@@ -200,7 +200,8 @@ class JobReconciler:
         basics, have = self.children.basics_seen(obs) if obs.spec is not None else ([], None)
         held = basics + acted.held
         with metrics.pass_step(took, "views"):
-            pods, scalers = self.observer.pod_views(obs), self.observer.scaler_views(obs)
+            scalers = self.observer.scaler_views(obs)
+            pods = self.observer.pod_views(obs, scalers)
         inp = JobInput(
             name=name,
             namespace=namespace,

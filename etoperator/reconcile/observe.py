@@ -241,12 +241,13 @@ class Observer:
                 return None
         return self.keys.parsed[filed]
 
-    def pod_views(self, obs: Observed) -> list[PodView]:
-        """Pods as the planner sees them, with SSH readiness and drain checks filled in."""
+    def pod_views(self, obs: Observed, scalers: list[ScalerView]) -> list[PodView]:
+        """Pods as the planner sees them, with SSH readiness and drain checks filled in (a
+        running scale's pods, of `scalers`, probed as it needs)."""
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
-        scale = running_scale(status, self.scaler_views(obs))
+        scale = running_scale(status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None
         if obs.spec is not None and self.ssh_checks:
