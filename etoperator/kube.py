@@ -379,6 +379,8 @@ class Kube:
             still = resp.is_open()
             resp.close()
         except ApiException as exc:  # refused before it ran: the status and its reason
+            if not exc.status:  # the client's own: the connection failed before any answer
+                return -1, f"{NO_ANSWER} ({exc.reason})"
             return -1, f"could not run it: {exc.status} {exc.reason}"
         except (WebSocketException, OSError, ValueError, TypeError) as exc:
             # TypeError: what the client raises for an argument it cannot send (a NUL byte).
@@ -402,6 +404,9 @@ class Kube:
                 level, "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"),
                 exc,
             )  # fmt: skip
+
+
+NO_ANSWER = "could not run it: no answer from the apiserver"
 
 
 def exec_outcome(ended: str, output: str) -> tuple[int, str]:

@@ -26,7 +26,7 @@ HOP = {"host", "connection", "upgrade", "transfer-encoding", "content-length", "
 class Fault:
     verb: str  # "patch", "create", ...
     resource: str  # "scaleouts/status", "pods", ...
-    status: int
+    status: int  # 0: no answer at all, the connection is closed (a restart, a load balancer)
     times: int = 1  # how many matching requests it refuses
 
     def matches(self, method: str, path: str) -> bool:
@@ -166,6 +166,10 @@ class FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         fault = self._take(request.method, request.path)
+        if fault is not None and fault.status == 0:
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("dropped by the test's fault proxy")
         if fault is not None:
             return web.json_response(_status(fault.status), status=fault.status)
         if request.headers.get("Upgrade", "").lower() == "websocket":

@@ -14,7 +14,7 @@ from etoperator import status as st
 from etoperator.api.statuses import scaler_status
 from etoperator.cache import Observed
 from etoperator.clock import iso, utcnow
-from etoperator.kube import Conflict, Kube
+from etoperator.kube import NO_ANSWER, Conflict, Kube
 from etoperator.planning import Plan
 from etoperator.planning.scaling import SCRIPT_EXECUTED, SCRIPT_GRACE
 from etoperator.reconcile.state import Writes, job_id
@@ -138,6 +138,11 @@ class Scripts:
                 return  # the scaler is gone
             wrapped = ["sh", "-c", RECORDED, "etoperator-script", record, *argv]
             code, output = self.kube.exec_in_pod(ns, launcher, wrapped, timeout + SCRIPT_GRACE)
+            lost = code == -1 and output.startswith(NO_ANSWER)
+            if lost and self._recorded(ns, launcher, record) == "unknown":
+                # The connection failed before any answer and the launcher never started it
+                # (an apiserver restarting): once more, as it would have been.
+                code, output = self.kube.exec_in_pod(ns, launcher, wrapped, timeout + SCRIPT_GRACE)
             log.info(
                 "Scaler script ran namespace=%s scaler=%s exit_code=%s", ns, kind_name[1], code
             )

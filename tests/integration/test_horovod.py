@@ -12,6 +12,7 @@ import pytest
 
 from localcluster.manifests import IMAGE, job, scalein, scaleout
 from localcluster.tour import Training
+from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
 from tests.support.waits import settled
 
@@ -127,10 +128,15 @@ def test_a_worker_slow_to_start_joins_and_the_job_trains_on(cluster: Cluster, ns
     wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
     asked = time.time()
     cluster.create(scaleout("grow", "slow", 1, timeout=SLOW_START // 2), ns)
-    wait_for(
-        lambda: tr.first_step_at(3, asked) or cluster.phase(ns, "slow") == "Failed",
-        2 * SLOW_START + 40, "training at size 3", interval=0.5,
-    )  # fmt: skip
+    # Past the sleep: a pod start, Python and torch loaded and every rank's rendezvous at 3, on
+    # a cluster that runs at a lower priority beside the trainings (139 s once, 120 s allowed).
+    try:
+        wait_for(
+            lambda: tr.first_step_at(3, asked) or cluster.phase(ns, "slow") == "Failed",
+            SLOW_START + 180, "training at size 3", interval=0.5,
+        )  # fmt: skip
+    except Timeout as exc:
+        raise AssertionError(cluster.pod_log(ns, "slow-launcher")[-3000:]) from exc
     assert cluster.phase(ns, "slow") == "Running", cluster.pod_log(ns, "slow-launcher")[-3000:]
     took = time.time() - asked
     assert took >= SLOW_START, f"training at 3 after {took:.0f} s: the start was not slow"
