@@ -12,6 +12,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.clock import iso, parse_iso
+from etoperator.planning.phases import Happened, next_phase
 from etoperator.planning.rules import by_index
 from etoperator.planning.views import JobInput, Plan, ScalerView
 from etoperator.status import Event
@@ -59,6 +60,13 @@ class Draft:
         self.scalers = {s.kind_name: s for s in inp.scalers}
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
         self.watching: list[str] = []  # what the watches will tell of (pods starting)
+        self.happened = Happened()  # what decides the phase (phases.py)
+
+    @property
+    def phase(self) -> str | None:
+        """The job's phase as the pass has it so far (written once, at its end)."""
+        scaling = bool(self.status.current_scaler)
+        return next_phase(self.status_read.phase, self.happened, scaling)
 
     def set_cond(
         self,
@@ -160,7 +168,7 @@ class Draft:
         self.set_members(Members(names, ()))
         self.status.last_worker_index = start + size - 1
         self.accept_replicas(job_spec.worker.replicas)
-        self.status.phase = st.CREATED
+        self.happened.fresh = True
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.status.conditions or [], ctype):
                 self.set_cond(ctype, "False", "NewRun", "a new run is starting")

@@ -24,9 +24,7 @@ def wind_down(d: Draft) -> None:
         started = sc.phase == st.SCALE_RUNNING
         ref = naming.scaler_ref(sc.kind, d.inp.namespace, sc.name)
         if sc.phase not in st.SCALE_TERMINAL and (not started or ref == current):
-            d.fail_scaler(
-                sc, "JobFinished", f"job {job_spec.name} ended {d.status.phase}; nothing scaled"
-            )
+            d.fail_scaler(sc, "JobFinished", f"job {job_spec.name} ended {d.phase}; nothing scaled")
 
 
 def fail_active(d: Draft, reason: str, message: str) -> None:
@@ -36,14 +34,14 @@ def fail_active(d: Draft, reason: str, message: str) -> None:
 
 
 def fail_job(d: Draft, reason: str, message: str) -> None:
-    d.status.phase = st.FAILED
+    d.happened.ended = st.FAILED
     d.status.completion_time = d.now
     d.set_cond(st.FAILED, "True", reason, message, warn=True)
     wind_down(d)
 
 
 def succeed_job(d: Draft) -> None:
-    d.status.phase = st.SUCCEEDED
+    d.happened.ended = st.SUCCEEDED
     d.status.completion_time = d.now
     d.set_cond(st.SUCCEEDED, "True", "Succeeded", "the launcher completed successfully")
     wind_down(d)

@@ -23,6 +23,7 @@ def plan_job(inp: JobInput) -> Plan:
     """Everything the reconciler should do for one job and its scalers, from one observation."""
     d = Draft(inp)
     plan = plan_pass(d)
+    d.status.phase = d.phase  # written here alone, as phases.py decides it
     plan.status = d.status
     return plan
 
@@ -34,24 +35,23 @@ def plan_pass(d: Draft) -> Plan:
         refuse_invalid(d, inp.error or "invalid spec")
         return complete_plan(d)
     job_spec = inp.spec
-    failed_cond = st.condition(d.status.conditions, st.FAILED)
-    if d.status.phase == st.FAILED and failed_cond and failed_cond.get("reason") == "InvalidSpec":
+    fixed = refused_for_spec(d)
+    if fixed:
         # The spec was fixed after being refused: nothing was ever started, begin afresh.
         d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
-        d.status.phase = None
         d.status.completion_time = None
     drop_foreign_names(d)
     d.status.worker_selector = naming.worker_selector(job_spec.name)
     if inp.public_key:
         d.status.ssh_public_key = inp.public_key
     adopt_scalers(d)
-    if not d.status.phase:
+    if not d.status_read.phase or fixed:
         d.status.start_time = d.status.start_time or d.now
         d.status.restart_count = d.status.restart_count if d.status.restart_count is not None else 0
         d.start_fresh_run()
         d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job_spec.name} is created")
     update_blocked(d)
-    phase = d.status.phase
+    phase = d.phase
     make_basics(d)
     if inp.hold and phase not in st.TERMINAL:
         d.plan.requeue = 5.0
@@ -77,11 +77,11 @@ def plan_pass(d: Draft) -> Plan:
         advance_run(d)
     else:
         advance_run(d)
-    if d.status.phase in st.TERMINAL and phase not in st.TERMINAL:
+    if d.phase in st.TERMINAL and phase not in st.TERMINAL:
         queueing.finished(d)  # ended this pass
     else:
         queueing.settle(d)
-    if d.status.phase not in st.TERMINAL:
+    if d.phase not in st.TERMINAL:
         gangs.settle(d)
     return complete_plan(d)
 
@@ -90,7 +90,7 @@ def make_basics(d: Draft) -> None:
     """What the job's pods need, made when missing before any pod (a job that ended needs none):
     its Secret and ConfigMap (remade with the key pair and hosts the job has), the launcher's
     account, Role and binding, and a Role an older operator made brought up to date."""
-    if d.status.phase in st.TERMINAL:
+    if d.phase in st.TERMINAL:
         return
     have = d.inp.basics
     d.plan.make_secret = not have.secret
@@ -122,10 +122,20 @@ def plan_refused(status: JobStatus, message: str, now: datetime) -> JobStatus | 
     return dataclasses.replace(status, conditions=new) if changed else None
 
 
+def refused_for_spec(d: Draft) -> bool:
+    """The job ended Failed because its spec was refused (not for anything it ran)."""
+    failed = st.condition(d.status.conditions or [], st.FAILED) or {}
+    return d.status_read.phase == st.FAILED and failed.get("reason") == "InvalidSpec"
+
+
 def refuse_invalid(d: Draft, error: str) -> None:
-    if d.status.phase != st.FAILED:
-        d.status.phase = st.FAILED
+    """Failed/InvalidSpec, its scalers with it; a job that ended for another reason keeps
+    its end (nothing of an ended job is acted upon, its spec neither)."""
+    if d.status_read.phase in st.TERMINAL and not refused_for_spec(d):
+        return
+    if d.status_read.phase != st.FAILED:
         d.status.completion_time = d.now
+    d.happened.ended = st.FAILED
     d.set_cond(st.FAILED, "True", "InvalidSpec", error, warn=True)
     for sc in d.inp.scalers:
         if sc.phase not in st.SCALE_TERMINAL:
@@ -140,7 +150,7 @@ def adopt_scalers(d: Draft) -> None:
 
 def suspend(d: Draft) -> None:
     d.stop_run("JobSuspended", "the job was suspended")
-    d.status.phase = st.SUSPENDED
+    d.happened.waits = st.SUSPENDED
     d.set_cond(st.SUSPENDED, "True", "Suspended", "job suspended: all pods deleted")
 
 
@@ -157,7 +167,7 @@ def complete_plan(d: Draft) -> Plan:
             if not p.deleting and p.name not in d.plan.delete_pods
         }
         keep |= {naming.worker_name(job_spec.name, i) for i in d.plan.create_workers}
-        if d.status.phase not in st.TERMINAL:
+        if d.phase not in st.TERMINAL:
             keep |= members
         d.plan.services = sorted(keep)
 

@@ -43,11 +43,10 @@ def advance_run(d: Draft) -> None:
     after = launch(d, m, launcher, launched, newcomers)
     if after is None:
         return  # the job ended (the step that ended it wrote the membership it left)
-    running = d.status.phase in (st.RUNNING, st.SCALING)
+    running = d.phase in (st.RUNNING, st.SCALING)
     d.set_members(start_scalers(d, after) if running else after)
     if running:
         follow_replicas(d, shrunk)
-        d.status.phase = st.SCALING if d.status.current_scaler else st.RUNNING
     waiting = [d.workers.get(n) for n in d.status.members]
     if any(not (w and w.ready) for w in waiting):
         d.await_pods("members not ready yet")
@@ -218,9 +217,9 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
             restart_or_fail(d, launcher)
         return None
     elif launcher.phase == "Running":
-        if d.status.phase == st.CREATED:
+        if d.phase == st.CREATED:
             d.set_cond(st.RUNNING, "True", "Running", "the launcher is running")
-        d.status.phase = st.RUNNING
+        d.happened.launcher_running = True
         say_launcher_pending(d, launcher)
     else:
         say_launcher_pending(d, launcher)

@@ -53,7 +53,7 @@ def hold_for_queue(d: Draft) -> bool:
         follow_spec(d, q)
         again = f" again after an eviction ({q.evicted})" if q.evicted else ""
         return wait(d, QUEUED, f"queued in {q.queue}{again}: {q.why or 'waiting for quota'}")
-    if d.status.phase == st.QUEUED:
+    if d.phase == st.QUEUED:
         admit(d, q)
     d.plan.placement = dict(q.placement)
     return False
@@ -66,7 +66,7 @@ def wait(d: Draft, reason: str, message: str, warn: bool = False) -> bool:
     if d.status_read.phase is None:
         # Its first pass named the workers of a run that never started: names stay unused.
         d.status.last_worker_index = (d.status.run_start_index or 0) - 1
-    d.status.phase = st.QUEUED
+    d.happened.waits = st.QUEUED
     old = st.condition(d.status.conditions or [], QUEUED) or {}
     news = old.get("status") != "True" or old.get("reason") != reason
     d.set_cond(QUEUED, "True", reason, message, warn=warn, event=news)
@@ -129,9 +129,9 @@ def finished(d: Draft) -> None:
     if q.growing:
         d.plan.delete_workloads.append(q.growing)
     if not q.finished:
-        ok = d.status.phase == st.SUCCEEDED
+        ok = d.phase == st.SUCCEEDED
         cond = st.condition(d.status.conditions or [], st.SUCCEEDED if ok else st.FAILED) or {}
-        message = str(cond.get("message") or d.status.phase)
+        message = str(cond.get("message") or d.phase)
         d.plan.workload_conditions.append(
             ("Finished", "True", "Succeeded" if ok else "Failed", message)
         )
@@ -192,7 +192,7 @@ def settle(d: Draft) -> None:
     (after a ScaleIn, or a scale rolled back after its slice was admitted): quota back at
     once. A slice nothing waits for is removed."""
     q = d.inp.queue
-    if q is None or not q.admitted or d.status.phase not in (st.RUNNING, st.SCALING):
+    if q is None or not q.admitted or d.phase not in (st.RUNNING, st.SCALING):
         return
     if not q.pods_ready:
         d.plan.workload_conditions.append(

@@ -22,6 +22,7 @@ from etoperator.planning import (
     victims_by_count,
 )
 from etoperator.planning.lifecycle import plan_refused
+from etoperator.planning.phases import MOVES
 from localcluster.manifests import job, scalein, scaleout
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
@@ -780,3 +781,51 @@ def test_names_in_the_status_that_are_not_this_jobs_workers_are_dropped_and_said
     so = scaler(scaleout("grow", "j", 1))
     grown = plan_job(inp(spec, forged, [w(0), w(1), launcher()], [so]))
     assert grown.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]
+
+
+def invalid(status: JobStatus) -> JobInput:
+    valid = inp(jspec(replicas=2), status, [])
+    return dataclasses.replace(valid, spec=None, error="spec.x is wrong")
+
+
+@pytest.mark.parametrize("ended", ["Succeeded", "Failed"])
+def test_an_ended_job_keeps_its_end_when_its_spec_turns_invalid_and_back(ended: str) -> None:
+    """A job's end is its last word: a spec made invalid after it did not make a Succeeded
+    job Failed, nor a job that failed for its launcher one refused for its spec, which a fix
+    of the spec then started again from nothing."""
+    reason = "Succeeded" if ended == "Succeeded" else "LauncherFailed"
+    done = running_status([0, 1], phase=ended, completionTime="2026-01-01T11:00:00Z")
+    done["conditions"].append({"type": ended, "status": "True", "reason": reason, "message": "x"})
+    refused = plan_job(invalid(typed(done)))
+    assert refused.status.phase == ended and cond_of(refused.status, ended)["reason"] == reason
+    assert refused.status.completion_time == "2026-01-01T11:00:00Z"
+    assert not refused.events  # an ended job's spec is not acted upon, valid or not
+    fixed = plan_job(inp(jspec(replicas=2), refused.status, []))
+    assert fixed.status.phase == ended and not fixed.create_workers and not fixed.create_launcher
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    world=worlds(),
+    was=st.sampled_from([None, *MOVES]),
+    why=st.sampled_from(["InvalidSpec", "LauncherFailed"]),
+    suspended=st.booleans(),
+    invalid_now=st.integers(0, 4),
+)
+def test_every_phase_move_is_one_the_table_has(
+    world: JobInput, was: str | None, why: str, suspended: bool, invalid_now: int
+) -> None:
+    """Whatever a pass sees, the phase it writes is the one it read or a move `MOVES` lists;
+    a Failed job moves on only when it was refused for its spec."""
+    status = dataclasses.replace(world.status, phase=was)
+    if was == "Failed":
+        status.conditions = [{"type": "Failed", "status": "True", "reason": why, "message": "x"}]
+    assert world.spec is not None
+    spec = dataclasses.replace(world.spec, suspended=suspended)
+    world = dataclasses.replace(world, status=status, spec=spec)
+    if invalid_now == 0:
+        world = dataclasses.replace(world, spec=None, error="spec.x is wrong")
+    now = plan_job(world).status.phase
+    assert now == was or now in MOVES[was], f"{was} -> {now}"
+    if was == "Failed" and now != "Failed":
+        assert why == "InvalidSpec" and world.spec is not None
