@@ -162,11 +162,9 @@ class Draft:
     def start_fresh_run(self) -> None:
         """Membership for a new run: fresh indices, an empty host list."""
         job_spec = self.spec
-        start, size = self.last_index() + 1, self.run_size()
-        self.status.run_start_index = start
-        names = tuple(naming.worker_name(job_spec.name, i) for i in range(start, start + size))
-        self.set_members(Members(names, ()))
-        self.status.last_worker_index = start + size - 1
+        indices = self.new_indices(self.run_size())
+        self.status.run_start_index = indices.start
+        self.set_members(Members(tuple(naming.worker_name(job_spec.name, i) for i in indices), ()))
         self.accept_replicas(job_spec.worker.replicas)
         self.happened.fresh = True
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
@@ -207,6 +205,18 @@ class Draft:
         seen = [p.index for p in self.workers.values() if p.index is not None]
         last = self.status.last_worker_index
         return max([last if last is not None else -1, *seen])
+
+    def new_indices(self, count: int) -> range:
+        """Indices no worker of the job ever had, taken (lastWorkerIndex is written here and
+        in `unname_run` only): a name is never used twice."""
+        first = self.last_index() + 1
+        self.status.last_worker_index = first + count - 1
+        return range(first, first + count)
+
+    def unname_run(self) -> None:
+        """The names a run that never started took are free again (its first pass named
+        them, then the job was queued before any pod was made)."""
+        self.status.last_worker_index = (self.status.run_start_index or 0) - 1
 
     def active_scaler(self) -> ScalerView | None:
         ref = naming.parse_scaler_ref(str(self.status.current_scaler or ""))

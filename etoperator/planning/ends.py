@@ -35,14 +35,12 @@ def fail_active(d: Draft, reason: str, message: str) -> None:
 
 def fail_job(d: Draft, reason: str, message: str) -> None:
     d.happened.ended = st.FAILED
-    d.status.completion_time = d.now
     d.set_cond(st.FAILED, "True", reason, message, warn=True)
     wind_down(d)
 
 
 def succeed_job(d: Draft) -> None:
     d.happened.ended = st.SUCCEEDED
-    d.status.completion_time = d.now
     d.set_cond(st.SUCCEEDED, "True", "Succeeded", "the launcher completed successfully")
     wind_down(d)
 

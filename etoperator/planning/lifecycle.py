@@ -23,7 +23,12 @@ def plan_job(inp: JobInput) -> Plan:
     """Everything the reconciler should do for one job and its scalers, from one observation."""
     d = Draft(inp)
     plan = plan_pass(d)
-    d.status.phase = d.phase  # written here alone, as phases.py decides it
+    # The phase and when the job ended are written here alone, as phases.py decides them.
+    d.status.phase = d.phase
+    if d.phase not in st.TERMINAL:
+        d.status.completion_time = None
+    elif d.status_read.phase not in st.TERMINAL:
+        d.status.completion_time = d.now
     plan.status = d.status
     return plan
 
@@ -39,7 +44,6 @@ def plan_pass(d: Draft) -> Plan:
     if fixed:
         # The spec was fixed after being refused: nothing was ever started, begin afresh.
         d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
-        d.status.completion_time = None
     drop_foreign_names(d)
     d.status.worker_selector = naming.worker_selector(job_spec.name)
     if inp.public_key:
@@ -133,8 +137,6 @@ def refuse_invalid(d: Draft, error: str) -> None:
     its end (nothing of an ended job is acted upon, its spec neither)."""
     if d.status_read.phase in st.TERMINAL and not refused_for_spec(d):
         return
-    if d.status_read.phase != st.FAILED:
-        d.status.completion_time = d.now
     d.happened.ended = st.FAILED
     d.set_cond(st.FAILED, "True", "InvalidSpec", error, warn=True)
     for sc in d.inp.scalers:

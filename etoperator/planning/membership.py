@@ -122,9 +122,7 @@ def replace_lost(d: Draft, name: str, member: PodView | None, launched: bool) ->
         notice = f"worker {name} {why}; left the host list before being stopped"
         d.set_cond("WorkerPreempted", "True", "PreemptionNotice", notice)
     if replaces(job_spec.worker.restart_policy, member):
-        index = d.last_index() + 1
-        d.status.last_worker_index = index
-        new = naming.worker_name(job_spec.name, index)
+        new = naming.worker_name(job_spec.name, d.new_indices(1).start)
         d.plan.events.append(Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}"))
         return [new]
     return [] if launched else None

@@ -65,7 +65,7 @@ def wait(d: Draft, reason: str, message: str, warn: bool = False) -> bool:
     d.stop_run("JobQueued", f"the job waits for its queue: {message}")
     if d.status_read.phase is None:
         # Its first pass named the workers of a run that never started: names stay unused.
-        d.status.last_worker_index = (d.status.run_start_index or 0) - 1
+        d.unname_run()
     d.happened.waits = st.QUEUED
     old = st.condition(d.status.conditions or [], QUEUED) or {}
     news = old.get("status") != "True" or old.get("reason") != reason
@@ -220,10 +220,9 @@ def grow(d: Draft, count: int) -> None:
     """Kueue admitted more workers than the job runs: they join as replacements do (members
     first; each enters the host list once ready)."""
     job = d.spec.name
-    first = d.last_index() + 1
-    names = [naming.worker_name(job, i) for i in range(first, first + count)]
-    d.status.last_worker_index = first + count - 1
+    indices = d.new_indices(count)
+    names = [naming.worker_name(job, i) for i in indices]
     d.set_members(Members(tuple(d.status.members), tuple(d.status.hosts)).adding(*names), False)
-    d.plan.create_workers.extend(range(first, first + count))
+    d.plan.create_workers.extend(indices)
     message = f"the queue admitted {workers(count)} more: adding {', '.join(names)}"
     d.plan.events.append(Event("Normal", "Grown", message))

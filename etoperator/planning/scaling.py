@@ -281,13 +281,10 @@ def start_scalers(d: Draft, m: Members) -> Members:
                 d.fail_scaler(sc, "MaxReplicasExceeded", problem)
                 continue
             assert spec.count is not None
-            first = d.last_index() + 1
-            planned = [
-                naming.worker_name(job_spec.name, i) for i in range(first, first + spec.count)
-            ]
-            d.status.last_worker_index = first + spec.count - 1
+            indices = d.new_indices(spec.count)
+            planned = [naming.worker_name(job_spec.name, i) for i in indices]
             m = m.adding(*planned)
-            d.plan.create_workers.extend(range(first, first + spec.count))
+            d.plan.create_workers.extend(indices)
             what = f"adding {', '.join(planned)}"
         else:
             planned, problem = check_scale_in(job_spec, members, hosts, spec)
