@@ -162,7 +162,7 @@ def launch(
     if not launched:
         if d.launcher is None and m.members and len(ready) == len(m.members):
             m = Members(m.members, m.members)
-            d.plan.create_launcher = d.inp.launcher_access
+            d.plan.create_launcher = d.inp.basics.launcher_ready
             say_workers_ready(d, len(m.members), event=True)
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")

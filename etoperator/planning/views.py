@@ -116,6 +116,7 @@ class BasicsView:
     config_map: bool = True
     access: tuple[tuple[str, str], ...] = ()  # the launcher's account, Role, binding missing
     role_current: bool = True  # the launcher's Role grants what its script needs now
+    launcher_ready: bool = True  # its account, Role and binding are all seen: it may start
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,6 @@ class JobInput:
     squatted: tuple[str, ...] = ()  # worker names held by pods that are not this job's
     hold: bool = False  # the Secret, ConfigMap or RBAC a pod needs is not there: touch no pod
     basics: BasicsView = BasicsView()
-    launcher_access: bool = True  # the launcher's account, Role and binding are there
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
     queue: QueueView | None = None  # labelled for Kueue: its Workload
     gang: GangView | None = None  # spec.schedulingPolicy: its PodGroup

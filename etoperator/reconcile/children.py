@@ -92,6 +92,7 @@ class Children:
             config_map=obs.configmap is not None,
             access=() if self.making_access(jid) else missing,
             role_current=not obs.role or obs.role.get("rules") == role["rules"],
+            launcher_ready=all((o["kind"], o["metadata"]["name"]) in obs.present for o in wanted),
         )
         return problems, view
 
@@ -148,13 +149,6 @@ class Children:
     def making_access(self, jid: str) -> bool:
         """The launcher's access is being made: the job's next pass comes soon to tell."""
         return jid in self._access
-
-    def access_ready(self, obs: Observed) -> bool:
-        """The launcher's account, Role and binding are there: it may start."""
-        assert obs.spec is not None
-        owner = Owner(naming.JOB_KIND, obs.spec.name, obs.spec.uid)
-        wanted = rbac.launcher_rbac(obs.spec, owner)
-        return all((o["kind"], o["metadata"]["name"]) in obs.present for o in wanted)
 
     def check_user_secret(self, spec: JobSpec) -> list[str]:
         """The Secret the annotation names: not the job's own, so not watched; read again at

@@ -216,7 +216,6 @@ class JobReconciler:
             problems=(*held, *acted.problems),
             hold=bool(held),
             basics=have or BasicsView(),
-            launcher_access=obs.spec is not None and self.children.access_ready(obs),
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,

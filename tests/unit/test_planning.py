@@ -136,12 +136,13 @@ def test_the_launcher_waits_for_its_account_role_and_binding() -> None:
     """They are made off the pass; until the caches show them, the workers are ready and
     listed, the launcher is not made, and the job waits for their events."""
     s = plan_job(inp(jspec(), {}, [])).status
-    without = dataclasses.replace(inp(jspec(), s, [w(0), w(1)]), launcher_access=False)
+    unseen = BasicsView(launcher_ready=False)
+    without = dataclasses.replace(inp(jspec(), s, [w(0), w(1)]), basics=unseen)
     plan = plan_job(without)
     assert not plan.create_launcher and plan.hosts == ["j-worker-0", "j-worker-1"]
     ready = cond_of(plan.status, "WorkersReady")
     assert ready["status"] == "True" and plan.requeue == 60.0
-    later = plan_job(dataclasses.replace(without, status=plan.status, launcher_access=True))
+    later = plan_job(dataclasses.replace(without, status=plan.status, basics=BasicsView()))
     assert later.create_launcher
 
 
