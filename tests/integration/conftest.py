@@ -35,5 +35,14 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
         events = cluster.kubectl("get", "events", "-n", name, check=False).stdout
         print(f"--- pods ---\n{pods}--- events ---\n{events}")
     cluster.release()  # a test that failed while holding pods must not hold the next one's
+    # Nor leave a fault armed or the operator down: one test killed it after it had failed
+    # (its crash still armed), and every later test of its half waited on no operator.
+    crash = cluster.proxy.disarm()
+    cluster.proxy.clear()
+    if crash is not None and crash.fired:
+        crash.killed.wait(30)
+    if not cluster.operator.alive():
+        print("--- the operator was down after the test: started again ---")
+        cluster.operator.start()
     # Gone with its jobs (in the background): later tests share the operator with no one.
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

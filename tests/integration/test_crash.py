@@ -94,13 +94,14 @@ def scale_once(c: Cluster, ns: str, scale: Scale, name: str, crash_at: int | Non
     crash = c.proxy.arm_crash(Crash(c.operator.kill, after=crash_at or 10**9))
     scale.start(c, ns, name, before)
     expected = len(before) + scale.delta
-    wait_for(lambda: crash.fired or consistent(c, ns, expected), 30, f"{name} done")
+    # A scale makes a pod that must start and be ready: on a loaded machine, over 30 s.
+    wait_for(lambda: crash.fired or consistent(c, ns, expected), 90, f"{name} done")
     if crash.fired:  # set as the write arrived; the kill follows once it has landed
         assert crash.killed.wait(30), "the operator was not killed"
         c.operator.start()  # a new process takes over from what it observes
     c.proxy.disarm()
     try:
-        wait_for(lambda: consistent(c, ns, expected), 30, f"{name} consistent after a crash")
+        wait_for(lambda: consistent(c, ns, expected), 90, f"{name} consistent after a crash")
     except AssertionError:
         print(f"status: {c.status(ns, JOB)}\npods: {c.pods(ns, JOB, 'worker')}")
         print(f"hosts: {c.hosts(ns, JOB)}\nspec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
