@@ -86,19 +86,24 @@ def wait_for_horovod(d: Draft, sc: ScalerView, m: Members, outside: list[str]) -
     assert sc.spec is not None
     new, names = sc.planned, ", ".join(outside)
     waiting = f"waiting for Horovod to take {names} in"
-    starting = [n for n in outside if (w := d.workers.get(n)) is not None and w.busy]
+    views = {n: w for n in outside if (w := d.workers.get(n)) is not None}
+    starting = [n for n, w in views.items() if w.busy]
+    unknown = [n for n, w in views.items() if w.horovod_unknown]  # may be starting: not idle
     job = d.inp.spec
     rendezvous = job.launcher.rendezvous_timeout if job else naming.RENDEZVOUS_TIMEOUT
-    if starting and timed_out(d, sc) and not timed_out(d, sc, rendezvous):
+    if (starting or unknown) and timed_out(d, sc) and not timed_out(d, sc, rendezvous):
+        said = [f"Horovod is starting on {', '.join(starting)}"] if starting else []
+        if unknown:
+            said.append(f"what Horovod does on {', '.join(unknown)} cannot be asked now")
         what = (
-            f"Horovod is starting on {', '.join(starting)}, past the {sc.spec.timeout}s timeout: "
-            f"removed now, its rendezvous would fail the job (waiting up to {rendezvous}s more)"
+            f"{'; '.join(said)}, past the {sc.spec.timeout}s timeout: removed now, a rendezvous "
+            f"under way would fail the job (waiting up to {rendezvous}s more)"
         )
         wait_on(d, sc, "WaitingForHorovod", what, f"WaitingForHorovod: {waiting}")
         return m
     failed = f"Horovod did not take {names} in within {sc.spec.timeout}s" + (
         f" and its {rendezvous}s rendezvous"
-        if starting
+        if starting or unknown
         else " (is horovodrun's --max-np below the new size?)"
     )
     return wait_to_join(d, sc, m, new, "WaitingForHorovod", failed, waiting)
@@ -149,7 +154,9 @@ def horovod_on(d: Draft, new: list[str]) -> tuple[bool, list[str]]:
     published = d.inp.published or []
     before = [d.workers[h] for h in published if h not in new and h in d.workers]
     if not any(w.busy for w in before):
-        return False, []
+        # None asked could tell: Horovod may well run (ask again); else it does not.
+        unknown = any(w.horovod_unknown for w in before)
+        return unknown, list(new) if unknown else []
     addresses = {d.workers[h].ip for h in published if h in d.workers and d.workers[h].ip}
     outside = []
     for name in new:

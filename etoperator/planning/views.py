@@ -25,6 +25,9 @@ class PodView:
     run: int | None = None  # launcher: the run (restartCount) it was created for
     leaving: str = ""  # a notice that the pod is about to go (preemption, drain)
     busy: bool | None = None  # asked (a victim, a joining worker): a Horovod process runs on it
+    # Asked what Horovod does on it, and the probe could not tell (SSH did not answer in time,
+    # as under load): neither busy nor idle.
+    horovod_unknown: bool = False
     ip: str = ""
     # Asked of a joining worker (and one host already in): the addresses Horovod's processes
     # on it are connected to; None when not asked or it could not be told.

@@ -191,11 +191,12 @@ def settle(
     horovod = answer if isinstance(answer, HorovodOn) else None
     busy = horovod.busy if horovod is not None else None
     peers = horovod.peers if horovod is not None else None
+    unknown = v.name in results and answer is None  # asked what Horovod does; no answer
     if v.role != naming.ROLE_WORKER or not ssh or v.name in hosts:
         ready = running and not draining
     else:  # a new worker: ready once its sshd accepts the job's key and its name resolves
         ready = running and not draining and answer is True
-    return dataclasses.replace(v, ready=ready, busy=busy, peers=peers)
+    return dataclasses.replace(v, ready=ready, busy=busy, peers=peers, horovod_unknown=unknown)
 
 
 @dataclass

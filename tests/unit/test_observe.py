@@ -87,6 +87,9 @@ def test_settle_gates_new_workers_on_their_answer() -> None:
     joined = HorovodOn(True, frozenset({"10.0.0.7"}))
     seen = settle(host, {"j-worker-0": joined}, {"j-worker-0"}, set(), ssh=True)
     assert seen.busy and seen.peers == frozenset({"10.0.0.7"}) and seen.ip == "10.0.0.1"
+    assert not seen.horovod_unknown and not settle(host, {}, set(), set(), True).horovod_unknown
+    unanswered = settle(host, {"j-worker-0": None}, {"j-worker-0"}, set(), ssh=True)
+    assert unanswered.horovod_unknown and unanswered.busy is None  # asked; SSH did not answer
 
 
 def test_the_running_scale_and_its_pods() -> None:

@@ -830,3 +830,27 @@ def test_every_phase_move_is_one_the_table_has(
     assert now == was or now in MOVES[was], f"{was} -> {now}"
     if was == "Failed" and now != "Failed":
         assert why == "InvalidSpec" and world.spec is not None
+
+
+def test_a_probe_that_cannot_tell_never_rolls_back_nor_ends_a_scale_out() -> None:
+    """Under load a worker's probe over SSH may not answer in time. Past its timeout, a
+    ScaleOut whose new worker could not be asked waits on as for one seen starting (it rolled
+    back and deleted a worker Horovod was starting on: the others' rendezvous failed, and the
+    job with it); one whose earlier hosts could not be asked does not take "no Horovod here"
+    for an answer and succeed before Horovod took the worker in."""
+    spec = jspec(maxReplicas=4)
+    frozen = {"phase": "Scaling", "addPods": ["j-worker-2"], "startTime": "2026-01-01T11:59:50Z"}
+    so = scaler(scaleout("grow", "j", 1), status=frozen)  # its timeout: 60 s
+    status = running_status([0, 1, 2], hosts=[0, 1, 2], currentScaler="ScaleOut:ns/grow")
+    hosts = ["j-worker-0", "j-worker-1", "j-worker-2"]
+    unasked = w(2, ip="10.0.0.2", horovod_unknown=True)
+    late = NOW + timedelta(seconds=60)
+    pods = [horovod(0, 1), horovod(1, 0), unasked, launcher()]
+    waits = plan_job(inp(spec, status, pods, [so], now=late, published=hosts))
+    assert waits.scaler_status[so.kind_name].phase == "Scaling" and waits.delete_pods == []
+    assert "cannot be asked" in str(waits.scaler_status[so.kind_name].conditions)
+    before = [w(0, ip="10.0.0.0", horovod_unknown=True), w(1, ip="10.0.0.1", busy=False)]
+    pods = [*before, w(2, ip="10.0.0.2", busy=False), launcher()]
+    early = plan_job(inp(spec, status, pods, [so], published=hosts))
+    assert early.scaler_status[so.kind_name].phase == "Scaling"
+    assert early.status.current_scaler == "ScaleOut:ns/grow"
