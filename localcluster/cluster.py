@@ -81,8 +81,12 @@ class OperatorProcess:
         self.kill()
         self.start()
 
-    def tail(self, n: int = 60) -> str:
+    def tail(self, n: int = 60, namespace: str | None = None) -> str:
+        """The log's last `n` lines; with `namespace`, those of it and of no namespace (the
+        operator's own: its starts, its stops), not another test's."""
         lines = self.log.read_text(errors="replace").splitlines()
+        if namespace is not None:
+            lines = [ln for ln in lines if f"namespace={namespace}" in ln or "namespace=" not in ln]
         return "\n".join(lines[-n:])
 
 

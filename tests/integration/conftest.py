@@ -30,7 +30,7 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = cluster.new_namespace()
     yield name
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-        print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120)}")
+        print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120, name)}")
         pods = cluster.kubectl("get", "pods", "-n", name, "-o", "wide", check=False).stdout
         events = cluster.kubectl("get", "events", "-n", name, check=False).stdout
         print(f"--- pods ---\n{pods}--- events ---\n{events}")
