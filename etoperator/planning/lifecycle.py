@@ -37,7 +37,10 @@ def plan_pass(d: Draft) -> Plan:
     inp = d.inp
     d.status.conditions = d.status.conditions if d.status.conditions is not None else []
     if inp.spec is None:
-        refuse_invalid(d, inp.error or "invalid spec")
+        if d.status_read.phase and d.status_read.phase not in st.TERMINAL:
+            hold_edit(d, inp.error or "invalid spec")
+        else:
+            refuse_invalid(d, inp.error or "invalid spec")
         return complete_plan(d)
     job_spec = inp.spec
     fixed = refused_for_spec(d)
@@ -115,6 +118,8 @@ def update_blocked(d: Draft) -> None:
         d.set_cond("Blocked", "False", "Resolved", "nothing blocks the job")
     elif reason == "APIRefused" and d.inp.refusal_over:
         d.set_cond("Blocked", "False", "Resolved", "the API server accepts the job's writes")
+    elif reason == "InvalidSpec":
+        d.set_cond("Blocked", "False", "SpecFixed", "the spec is valid again")
 
 
 def plan_refused(status: JobStatus, message: str, now: datetime) -> JobStatus | None:
@@ -124,6 +129,15 @@ def plan_refused(status: JobStatus, message: str, now: datetime) -> JobStatus | 
     conditions = status.conditions or []
     new, changed = st.set_condition(conditions, "Blocked", "True", "APIRefused", message, iso(now))
     return dataclasses.replace(status, conditions=new) if changed else None
+
+
+def hold_edit(d: Draft, error: str) -> None:
+    """A job under way whose spec was edited into one the operator refuses: the edit is
+    refused and said (Blocked/InvalidSpec, a Warning once), and nothing changes until the spec
+    is fixed: its pods, host list and scales stay as they are (failing it would stop the
+    training for an edit, and the pods it runs were made from the valid spec)."""
+    message = f"the spec as edited is refused: {error}; the job runs on as it was until it is fixed"
+    d.set_cond("Blocked", "True", "InvalidSpec", message, warn=True)
 
 
 def refused_for_spec(d: Draft) -> bool:

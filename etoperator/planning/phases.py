@@ -21,8 +21,9 @@ MOVES: dict[str | None, frozenset[str]] = {
     st.SCALING: frozenset({st.RUNNING, st.CREATED, st.QUEUED, st.SUSPENDED, *st.TERMINAL}),
     st.SUSPENDED: frozenset({st.CREATED, *LIVE, st.QUEUED, *st.TERMINAL}),
     st.QUEUED: frozenset({st.CREATED, *LIVE, st.SUSPENDED, *st.TERMINAL}),
-    # Refused for its spec, then fixed: its launcher may still run, even have ended (a refusal
-    # deletes no pod).
+    # Refused for its spec, then fixed (only a job that had not started is refused: an edit of
+    # one under way is held, lifecycle.hold_edit); a pod of it may still run (a refusal
+    # deletes none).
     st.FAILED: frozenset({st.CREATED, *LIVE, st.QUEUED, st.SUSPENDED, st.SUCCEEDED}),
     st.SUCCEEDED: frozenset(),
 }

@@ -5,6 +5,7 @@ all a bystander job in the same namespace loses no worker and keeps being served
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -322,3 +323,47 @@ def test_the_bystander_is_still_served(cluster: Cluster, world: tuple[str, dict[
     cluster.create(scaleout("after-all", BYSTANDER, 1), ns)
     wait_for(lambda: cluster.phase(ns, "after-all", "ScaleOut") == "ScaleSucceeded", 20)
     assert len(cluster.hosts(ns, BYSTANDER)) == 3
+
+
+def test_an_invalid_edit_of_a_running_job_is_refused_and_it_runs_on(
+    cluster: Cluster, ns: str
+) -> None:
+    """`kubectl edit` of a running job into a spec only the operator refuses (a reserved
+    volume name) made the job Failed while its pods ran on; fixing the spec then started a
+    new run. The edit is refused (Blocked, a Warning), the job runs and scales on as it was,
+    and once the spec is fixed nothing is restarted."""
+    from tests.support.waits import running
+
+    cluster.create(job("edited", replicas=2, maxReplicas=4), ns)
+    running(cluster, ns, "edited")
+    before = {p["metadata"]["name"]: p["metadata"]["uid"]
+              for p in cluster.api.list("Pod", ns, "training-job-name=edited")}  # fmt: skip
+
+    def volumes(value: Any) -> str:
+        template = {"template": {"spec": {"volumes": value}}}
+        return json.dumps({"spec": {"etReplicaSpecs": {"worker": template}}})
+
+    def patch(body: str) -> None:
+        res = cluster.kubectl("patch", "tj", "edited", "-n", ns, "--type=merge", "-p", body)
+        assert res.returncode == 0, res.stderr
+
+    spec = cluster.job(ns, "edited")["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
+    theirs = spec.get("volumes") or []
+    patch(volumes([*theirs, {"name": "etoperator-ssh", "emptyDir": {}}]))  # the schema lets it in
+
+    def blocked() -> dict[str, Any]:
+        cond = cluster.condition(ns, "edited", "Blocked") or {}
+        return cond if cond.get("status") == "True" else {}
+
+    cond = wait_for(blocked, 20, "the edit refused")
+    assert cond["reason"] == "InvalidSpec" and "etoperator-ssh" in cond["message"], cond
+    assert cluster.wait_event(ns, "edited", "InvalidSpec")["type"] == "Warning"
+    assert cluster.phase(ns, "edited") == "Running"
+    patch(volumes(theirs))
+    wait_for(lambda: (cluster.condition(ns, "edited", "Blocked") or {}).get("status") == "False",
+             20, "the fix seen")  # fmt: skip
+    now = {p["metadata"]["name"]: p["metadata"]["uid"]
+           for p in cluster.api.list("Pod", ns, "training-job-name=edited")}  # fmt: skip
+    assert now == before and cluster.phase(ns, "edited") == "Running"  # nothing restarted
+    cluster.create(scaleout("after-fix", "edited", 1), ns)
+    wait_for(lambda: cluster.phase(ns, "after-fix", "ScaleOut") == "ScaleSucceeded", 30)

@@ -854,3 +854,25 @@ def test_a_probe_that_cannot_tell_never_rolls_back_nor_ends_a_scale_out() -> Non
     early = plan_job(inp(spec, status, pods, [so], published=hosts))
     assert early.scaler_status[so.kind_name].phase == "Scaling"
     assert early.status.current_scaler == "ScaleOut:ns/grow"
+
+
+def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_runs_on() -> None:
+    """A spec edited into one only the operator refuses (a reserved mount path, a root
+    launcher) made a running job Failed, its pods left running; fixing it then started a
+    fresh run. The edit is refused, said once, and the job runs on as it was until fixed."""
+    status = running_status([0, 1])
+    pods = [w(0), w(1), launcher()]
+    edited = dataclasses.replace(inp(jspec(), status, pods), spec=None, error="spec.x is wrong")
+    held = plan_job(edited)
+    assert held.status.phase == "Running" and held.status.completion_time is None
+    cond = cond_of(held.status, "Blocked")
+    assert cond["status"] == "True" and cond["reason"] == "InvalidSpec", cond
+    assert "spec.x is wrong" in cond["message"] and "runs on as it was" in cond["message"]
+    assert not held.delete_pods and not held.create_workers and not held.create_launcher
+    assert held.status.target_workers == ["j-worker-0", "j-worker-1"]
+    assert [e.reason for e in held.events] == ["InvalidSpec"]
+    again = plan_job(dataclasses.replace(edited, status=held.status))
+    assert again.events == [] and again.status.phase == "Running"  # said once
+    fixed = plan_job(inp(jspec(), again.status, pods))
+    assert fixed.status.phase == "Running" and cond_of(fixed.status, "Blocked")["status"] == "False"
+    assert not fixed.create_workers and not fixed.delete_pods  # the same run goes on
