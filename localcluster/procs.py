@@ -59,6 +59,8 @@ def cpus_of_their_own(name: str, cpus: int) -> Iterator[Callable[[], None]]:
         group.mkdir(exist_ok=True)
         weigh_as_self(group, cpus)
     except OSError:
+        with contextlib.suppress(OSError):  # made, then not weighed: left behind by nothing
+            group.rmdir()
         yield lambda: None
         return
 

@@ -148,7 +148,8 @@ def horovod_on(d: Draft, new: list[str]) -> tuple[bool, list[str]]:
     run a Horovod process connected to every other host (Horovod connects all ranks to each
     other once its rendezvous at the new size is done). It does not run when the hosts that
     were there before run no Horovod process (no launcher yet, a launcher that runs something
-    else), or when nothing could tell (no SSH checks)."""
+    else), or when nothing could tell (no SSH checks); an earlier host asked that did not answer
+    is no such answer: all the new workers count as not taken in until one comes."""
     if d.launcher is None or d.launcher.phase != "Running":
         return False, []
     published = d.inp.published or []

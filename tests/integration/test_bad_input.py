@@ -280,8 +280,8 @@ def world(cluster: Cluster) -> Iterator[tuple[str, dict[str, str]]]:
     cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def uids(cluster: Cluster, ns: str) -> dict[str, str]:
-    pods = cluster.api.list("Pod", ns, f"training-job-name={BYSTANDER}")
+def uids(cluster: Cluster, ns: str, job: str = BYSTANDER) -> dict[str, str]:
+    pods = cluster.api.list("Pod", ns, f"training-job-name={job}")
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
 
 
@@ -336,8 +336,7 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_it_runs_on(
 
     cluster.create(job("edited", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "edited")
-    before = {p["metadata"]["name"]: p["metadata"]["uid"]
-              for p in cluster.api.list("Pod", ns, "training-job-name=edited")}  # fmt: skip
+    before = uids(cluster, ns, "edited")
 
     def volumes(value: Any) -> str:
         template = {"template": {"spec": {"volumes": value}}}
@@ -362,8 +361,7 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_it_runs_on(
     patch(volumes(theirs))
     wait_for(lambda: (cluster.condition(ns, "edited", "Blocked") or {}).get("status") == "False",
              20, "the fix seen")  # fmt: skip
-    now = {p["metadata"]["name"]: p["metadata"]["uid"]
-           for p in cluster.api.list("Pod", ns, "training-job-name=edited")}  # fmt: skip
-    assert now == before and cluster.phase(ns, "edited") == "Running"  # nothing restarted
+    assert uids(cluster, ns, "edited") == before  # nothing restarted
+    assert cluster.phase(ns, "edited") == "Running"
     cluster.create(scaleout("after-fix", "edited", 1), ns)
     wait_for(lambda: cluster.phase(ns, "after-fix", "ScaleOut") == "ScaleSucceeded", 30)

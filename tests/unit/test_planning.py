@@ -784,8 +784,9 @@ def test_names_in_the_status_that_are_not_this_jobs_workers_are_dropped_and_said
     assert grown.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]
 
 
-def invalid(status: JobStatus) -> JobInput:
-    valid = inp(jspec(replicas=2), status, [])
+def invalid(status: JobStatus | dict[str, Any], pods: list[PodView] | None = None) -> JobInput:
+    """The job's input once its spec was edited into one the operator refuses."""
+    valid = inp(jspec(replicas=2), status, pods or [])
     return dataclasses.replace(valid, spec=None, error="spec.x is wrong")
 
 
@@ -862,7 +863,7 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_runs_on() -> No
     fresh run. The edit is refused, said once, and the job runs on as it was until fixed."""
     status = running_status([0, 1])
     pods = [w(0), w(1), launcher()]
-    edited = dataclasses.replace(inp(jspec(), status, pods), spec=None, error="spec.x is wrong")
+    edited = invalid(status, pods)
     held = plan_job(edited)
     assert held.status.phase == "Running" and held.status.completion_time is None
     cond = cond_of(held.status, "Blocked")
