@@ -217,8 +217,14 @@ class FaultProxy:
                         await asyncio.sleep(0.05)
                     await resp.write(chunk)
                 await resp.write_eof()
-            except (aiohttp.ClientPayloadError, ConnectionResetError):
-                pass  # the apiserver or the operator went away mid-stream: end it here too
+            except aiohttp.ClientPayloadError:
+                # The apiserver went away mid-answer: so does the operator's connection, as it
+                # would without a proxy between. Ended cleanly, the answer's last line would
+                # read as whole (kopf parses it, fails, and the operator stops).
+                if request.transport is not None:
+                    request.transport.abort()
+            except ConnectionResetError:
+                pass  # the operator went away mid-stream
             finally:
                 self._watches.discard(resp)
             return resp
