@@ -158,7 +158,7 @@ class ControlPlane:
         return kubeconfig(server or self.url, self.ca, {"token": token}, path)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        proc = procs.spawn(argv, self.dir / f"{name}.log")
+        proc = procs.spawn(argv, self.dir / f"{name}.log", procs.go_env())
         self.procs[name] = proc
         return proc
 

@@ -66,7 +66,9 @@ class ClusterDNS:
         kc = self.cp.user_kubeconfig("coredns", USER)
         cfg = self.dir / "Corefile"
         cfg.write_text(corefile(self.address, kc))
-        self.proc = procs.spawn([str(self.coredns), "-conf", str(cfg)], self.dir / "coredns.log")
+        self.proc = procs.spawn(
+            [str(self.coredns), "-conf", str(cfg)], self.dir / "coredns.log", procs.go_env()
+        )
         procs.wait_until(self._answers, "CoreDNS", 30, self.proc, self.dir / "coredns.log")
         return self
 

@@ -146,7 +146,9 @@ class Kueue:
                 "--zap-log-level=info",
             ],
             self.log,
-            env={**os.environ, "KUBECONFIG": str(kc), "POD_NAMESPACE": "kueue-system"},
+            env=procs.go_env(
+                {**os.environ, "KUBECONFIG": str(kc), "POD_NAMESPACE": "kueue-system"}
+            ),
         )
         procs.wait_until(
             lambda: _http_ok(f"http://127.0.0.1:{self.health}/readyz"),

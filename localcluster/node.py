@@ -170,7 +170,7 @@ class RealNode:
         tasks = CGROUP / "pids" / self.cgroup_root / "daemons" / "cgroup.procs"
         join = ["sh", "-c", f'echo $$ > "{tasks}" && exec "$@"', "sh"]
         self.procs[name] = procs.spawn(
-            [*self._enter, *join, *argv], self.dir / f"{name}.log", full_env
+            [*self._enter, *join, *argv], self.dir / f"{name}.log", procs.go_env(full_env)
         )
 
     @property

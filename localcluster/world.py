@@ -32,9 +32,11 @@ class Timeout(AssertionError):
 
 
 def wait_for(
-    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
+    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.1
 ) -> T:
-    """Poll `fn` until it returns something truthy; fail with the last value after `timeout`."""
+    """Poll `fn` until it returns something truthy; fail with the last value after `timeout`.
+    Each poll is requests to an apiserver the suite's other processes share: a tenth of a
+    second between them, unless a test times something finer."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:

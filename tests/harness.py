@@ -52,7 +52,7 @@ def start_cluster(
         local.start(operator=False)
         assert local.cp is not None
         proxy = FaultProxy(local.cp).start()
-        operator = local.start_operator(proxy.url)
+        operator = local.start_operator(proxy.url, warm=True)  # tests restart it often
     except BaseException:
         local.stop()
         raise

@@ -95,13 +95,14 @@ def scale_once(c: Cluster, ns: str, scale: Scale, name: str, crash_at: int | Non
     scale.start(c, ns, name, before)
     expected = len(before) + scale.delta
     # A scale makes a pod that must start and be ready: on a loaded machine, over 30 s.
-    wait_for(lambda: crash.fired or consistent(c, ns, expected), 90, f"{name} done")
+    # `consistent` is six requests: polled as often as a scale's steps can be told apart.
+    wait_for(lambda: crash.fired or consistent(c, ns, expected), 90, f"{name} done", 0.25)
     if crash.fired:  # set as the write arrived; the kill follows once it has landed
         assert crash.killed.wait(30), "the operator was not killed"
         c.operator.start()  # a new process takes over from what it observes
     c.proxy.disarm()
     try:
-        wait_for(lambda: consistent(c, ns, expected), 90, f"{name} consistent after a crash")
+        wait_for(lambda: consistent(c, ns, expected), 90, f"{name} consistent after a crash", 0.25)
     except AssertionError:
         print(f"status: {c.status(ns, JOB)}\npods: {c.pods(ns, JOB, 'worker')}")
         print(f"hosts: {c.hosts(ns, JOB)}\nspec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
