@@ -61,29 +61,17 @@ if [ ! -f "$venv/.complete" ]; then
     mkdir -p "$CACHE"
     make_venv >"$CACHE/venv.log" 2>&1 &
     venv_pid=$!
+    trap '[ -z "$venv_pid" ] || { pkill -P "$venv_pid"; kill "$venv_pid"; } 2>/dev/null || true' EXIT
 fi
-images_pid=
-# What runs beside, stopped if set-up stops before it is done.
-stop_beside() {
-    for pid in $venv_pid $images_pid; do { pkill -P "$pid"; kill "$pid"; } 2>/dev/null || true; done
-}
-trap stop_beside EXIT
 
-# What a node runs (containerd, runc, CNI, CoreDNS, pause), the Kubernetes binaries (control
-# plane, kubelet, kube-proxy, kubemark, kubectl) and etcd, then Kueue, all from Go modules. Go's
-# caches are kept apart from the user's and removed once the binaries are (7 GB).
+# The Kubernetes binaries (control plane, kubelet, kube-proxy, kubemark, kubectl) and etcd; then
+# what a node runs beside them (containerd, runc, CNI, CoreDNS, pause), Kueue, and the images.
+# Go's caches are kept apart from the user's and removed once the binaries are (7 GB).
 export GOCACHE="$CACHE/go/build" GOMODCACHE="$CACHE/go/mod"
-node_bin=$(hack/build-node.sh | tail -n 1)
-step "node binaries in $node_bin"
-# The images need only the node's pause binary: they build beside the rest of the Go builds (a
-# Debian base, then torch and Horovod installed into the training image: downloads and disk
-# more than compiling).
-step "building the images (beside the builds; their log: $CACHE/images.log)"
-mkdir -p "$CACHE"
-hack/build-images.sh "$node_bin" >"$CACHE/images.out" 2>"$CACHE/images.log" &
-images_pid=$!
 bin=$(hack/build-controlplane.sh | tail -n 1)
 step "Kubernetes binaries in $bin"
+node_bin=$(hack/build-node.sh | tail -n 1)
+step "node binaries in $node_bin"
 kueue=$(hack/build-kueue.sh | tail -n 1)
 step "Kueue in $kueue"
 if [ -d "$CACHE/go" ]; then
@@ -91,15 +79,8 @@ if [ -d "$CACHE/go" ]; then
     rm -rf "$CACHE/go"
     step "removed the Go build caches"
 fi
-if ! wait "$images_pid"; then
-    images_pid=
-    tail -n 40 "$CACHE/images.log" >&2
-    echo "setup: the images failed (above: the end of $CACHE/images.log)" >&2
-    exit 1
-fi
-images_pid=
-grep '^build-images:' "$CACHE/images.log" || true
-step "images in $(tail -n 1 "$CACHE/images.out")"
+images=$(hack/build-images.sh "$node_bin" | tail -n 1)
+step "images in $images"
 # buildah keeps each image a rebuild replaced (untagged); the archives hold what nodes run.
 dangling=$(buildah images --filter dangling=true --noheading --format '{{.ID}}')
 [ -z "$dangling" ] || buildah rmi $dangling >/dev/null 2>&1 || true
