@@ -38,9 +38,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # The rest of the integration tier is two halves of about the same time (by a whole run's
 # durations), each with a cluster of its own; the crash at every write is three tests, split
 # between them. The slow joiner's test trains, but mostly waits (its worker sleeps 40 s before
-# starting): it goes to half b. Half a, the lightest, takes a demo killed before its tour (it
-# trains nothing) and test_horovod's two short trainings (40 steps across two nodes; a drain):
-# the training process is the longest. Unit modules go anywhere.
+# starting): it goes to half b. Half a, the lighter, takes a demo killed before its tour (it
+# trains nothing). test_horovod's two short trainings (across two nodes, a drain) went there
+# once: at the halves' priority they took twice as long, and beside the training process two
+# trainings at once slowed both past their bounds (a hand-over, a ScaleIn). Unit modules go
+# anywhere.
 TRAINING = {"tests/integration/test_horovod.py"}
 INTEGRATION_HALF_A = {
     "test_crash.py", "test_kueue.py", "test_leader.py", "test_gangs.py", "test_lifecycle.py",
@@ -50,11 +52,7 @@ TO_HALF_B = (
     "[kubectl scale up and down]",
     "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains_on",
 )
-TO_HALF_A = (
-    "tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs",
-    "tests/integration/test_horovod.py::test_horovodrun_trains_across_two_nodes",
-    "tests/integration/test_horovod.py::test_kubectl_drain_of_a_training_worker_loses_no_step",
-)
+TO_HALF_A = ("tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs",)
 
 
 def group_of(nodeid: str) -> str:
