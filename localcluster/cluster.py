@@ -78,7 +78,12 @@ class OperatorProcess:
             *self.extra,
         ]  # fmt: skip
         # KUBECONFIG as `main` sets it: the kubernetes library reads it as it is imported.
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KUBECONFIG": cmd[2], **self.env}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "KUBECONFIG": str(self.kubeconfig),
+            **self.env,
+        }
         spare, self._spare = self._spare, None
         if spare is not None and spare[1:] == (cmd, env) and spare[0].poll() is None:
             self.proc = spare[0]

@@ -77,11 +77,11 @@ def cpus_of_their_own(name: str, cpus: int) -> Iterator[Callable[[], None]]:
 
 
 # The local clusters' Go daemons (apiserver, etcd, controllers, kubelets, containerd, CoreDNS,
-# Kueue) are a third of a test run's CPU, and at Go's default (GOGC=100) a good part of theirs
-# is garbage collection. This machine has memory to spare and CPU to save: they collect at 5x
-# their live heap instead of 2x, and more often once a heap nears 4 GiB (above twice any live
-# heap seen here: the benchmarks' apiserver with thousands of pods stays bounded). What the
-# caller set is kept.
+# Kueue) spend nearly half of a test run's CPU (700 of 1490 core-seconds seen; apiservers 340),
+# and at Go's default (GOGC=100) a good part of it collecting garbage. This machine has memory
+# to spare and CPU to save: they collect at 5x their live heap instead of 2x, and more often
+# once a heap nears 4 GiB (above twice any live heap seen here: the benchmarks' apiserver with
+# thousands of pods stays bounded). What the caller set is kept.
 GO_GC = {"GOGC": "400", "GOMEMLIMIT": "4GiB"}
 
 

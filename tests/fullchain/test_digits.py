@@ -7,7 +7,6 @@ point of the static run's."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,21 +22,16 @@ EPOCHS = digits.EPOCHS
 def test_elastic_run_trains_every_sample_and_matches_a_static_run(
     chain: Chain, tmp_path: Path
 ) -> None:
-    # The reference run trains while the elastic one starts and tours: much of a tour is
-    # waiting (pods starting, Horovod's rendezvous), and one after the other they were the
-    # longest test of the suite.
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(digits.static, EPOCHS, ranks=2, samples=tmp_path / "static")
-        ns = chain.new_namespace()
-        job = digits.Elastic.on(chain, ns)
-        job.create(EPOCHS, tmp_path / "elastic")
-        timings = job.tour()
-        elastic = job.run()
-        static = reference.result()
+    static = digits.static(EPOCHS, ranks=2, samples=tmp_path / "static")
     cov = samples.coverage(samples.read(tmp_path / "static"), digits.TRAIN_SAMPLES)
     assert cov.problems(padding=1) == [] and cov.rolled_back == []
     assert sorted(cov.missed) == list(range(EPOCHS))
 
+    ns = chain.new_namespace()
+    job = digits.Elastic.on(chain, ns)
+    job.create(EPOCHS, tmp_path / "elastic")
+    timings = job.tour()
+    elastic = job.run()
     batches = samples.read(tmp_path / "elastic")
     cov = samples.coverage(batches, digits.TRAIN_SAMPLES)
     print(f"elastic transitions (s): {timings}")

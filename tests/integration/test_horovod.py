@@ -26,15 +26,13 @@ SLOW_START = 40
 
 
 def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, Any]:
-    """A job whose launcher runs the example under horovodrun, its workers the image's sshd;
-    10 steps a second, as examples/training_job.yaml (each step is work for every rank, on
-    cores the suite's other tests share)."""
+    """A job whose launcher runs the example under horovodrun, its workers the image's sshd."""
     body = job(name, replicas, **spec)
     roles = body["spec"]["etReplicaSpecs"]
     roles["launcher"]["template"]["spec"]["containers"][0]["command"] = [
         "horovodrun", "-np", str(replicas), "--min-np", "1", "--max-np", "4",
         "--host-discovery-script", "/etc/edl/discover_hosts.sh",
-        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.1",
+        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.05",
     ]  # fmt: skip
     roles["worker"]["template"] = {
         "spec": {"containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never"}]}
