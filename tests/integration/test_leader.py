@@ -7,10 +7,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
+from etoperator.clock import iso_micro, utcnow
+from etoperator.kube import Kube
+from etoperator.leader import LEASE, LeaderElection
 from localcluster.cluster import OperatorProcess
 from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
@@ -135,7 +140,7 @@ def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
         f"{name}: {line}"
         for name, r in replicas.items()
         for line in r.tail(400).splitlines()
-        if any(w in line for w in ("SIGTERM", "Writes shut", "Lease released", "Leading"))
+        if any(w in line for w in ("SIGTERM", "Writes shut", "Lease released", "Lease not", "Leading"))
     ]
     assert took <= 3.0, (
         f"the standby took over {took:.1f} s after the leader was told to stop:\n"
@@ -167,3 +172,34 @@ def test_an_apiserver_restart_mid_scale_never_leaves_two_leaders(
     assert cluster.status(ns, "grow", "ScaleOut")["addPods"] == ["ar-worker-2"]  # planned once
     assert writes_by(cluster, leader, since=back) == [], "the old leader came back a standby"
     assert writes_by(cluster, standby, since=back), "the new leader acted"
+
+
+@dataclass
+class RenewsMidRelease(Kube):
+    """The replica's own renewal, sent by a look already past its stop check, lands between the
+    release's read of the Lease and its write (the order seen in a full run, where the standby
+    then waited out the Lease's whole duration)."""
+
+    renewed: bool = False
+
+    def get(
+        self, kind: str, namespace: str, name: str, timeout: float = 30
+    ) -> dict[str, Any] | None:
+        lease = super().get(kind, namespace, name, timeout)
+        if kind == LEASE and lease is not None and not self.renewed:
+            self.renewed = True
+            spec = dict(lease["spec"], renewTime=iso_micro(utcnow()))
+            self.patch(LEASE, namespace, name, {"spec": spec})
+        return lease
+
+
+def test_a_release_raced_by_the_leaders_own_renewal_still_frees_the_lease(
+    cluster: Cluster, ns: str
+) -> None:
+    election = LeaderElection(cluster.api, ns, "replica-a", name="race")
+    election.step()
+    assert election.leading.is_set()
+    election.kube = RenewsMidRelease(cluster.api.api)
+    assert election.release(), "the release gave up on a conflict with its own renewal"
+    lease = cluster.api.get(LEASE, ns, "race") or {}
+    assert not lease["spec"].get("holderIdentity"), lease["spec"]
