@@ -163,17 +163,26 @@ class LeaderElection:
         if not self.leading.is_set():
             return False
         self.leading.clear()
-        try:
-            lease = self.kube.get(LEASE, self.namespace, self.name, timeout=self.request_timeout)
-            spec = (lease or {}).get("spec") or {}
-            if lease is None or spec.get("holderIdentity") != self.identity:
+        # A look already past its stop check may renew once more between this read and this
+        # write: that Conflict only means to read again.
+        for _ in range(3):
+            try:
+                lease = self.kube.get(
+                    LEASE, self.namespace, self.name, timeout=self.request_timeout
+                )
+                spec = (lease or {}).get("spec") or {}
+                if lease is None or spec.get("holderIdentity") != self.identity:
+                    return False
+                self._write(lease, self.identity, release=True)
+            except Conflict:
+                continue
+            except ApiError as exc:
+                log.warning("Lease not released name=%s error=%s", self.name, exc)
                 return False
-            self._write(lease, self.identity, release=True)
-        except (ApiError, Conflict) as exc:
-            log.warning("Lease not released name=%s error=%s", self.name, exc)
-            return False
-        log.info("Lease released name=%s identity=%s", self.name, self.identity)
-        return True
+            log.info("Lease released name=%s identity=%s", self.name, self.identity)
+            return True
+        log.warning("Lease not released name=%s error=conflict after conflict", self.name)
+        return False
 
     def _lease(self) -> dict[str, Any]:
         now = iso_micro(utcnow())

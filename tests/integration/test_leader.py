@@ -140,7 +140,9 @@ def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
         f"{name}: {line}"
         for name, r in replicas.items()
         for line in r.tail(400).splitlines()
-        if any(w in line for w in ("SIGTERM", "Writes shut", "Lease released", "Lease not", "Leading"))
+        if any(
+            w in line for w in ("SIGTERM", "Writes shut", "Lease released", "Lease not", "Leading")
+        )
     ]
     assert took <= 3.0, (
         f"the standby took over {took:.1f} s after the leader was told to stop:\n"
