@@ -13,6 +13,7 @@ import paramiko
 import pytest
 
 from etoperator.builders import ssh
+from etoperator.builders.pods import find_horovod
 from etoperator.sshcheck import HorovodOn, SSHProber, busy_script, load_key, ready_script
 from localcluster.procs import free_port
 from tests.harness import wait_for
@@ -106,6 +107,40 @@ def busy(prober: SSHProber, key: paramiko.PKey, hostname: str) -> bool | None:
     """Whether a Horovod process of `hostname` runs there (None: it could not be asked)."""
     state = prober.horovod(IP, key, hostname)
     return None if state is None else state.busy
+
+
+GREP_WITHOUT_Z = """#!/bin/sh
+# A grep that cannot read NUL-separated lines (as in some minimal images).
+for a; do case "$a" in -*z*) echo "grep: invalid option -- 'z'" >&2; exit 2;; esac; done
+exec /bin/grep "$@"
+"""
+
+
+@pytest.mark.parametrize("grep", ["reads NUL lines", "without -z"])
+def test_busy_script_finds_exactly_the_hosts_processes(grep: str, tmp_path: Path) -> None:
+    """Both ways the script looks (one grep of every environment, or a grep a process where
+    grep has no -z) find the same processes, matched whole, and print nothing else."""
+    env = {"PATH": "/usr/bin:/bin"}
+    if grep == "without -z":
+        (tmp_path / "grep").write_text(GREP_WITHOUT_Z)
+        (tmp_path / "grep").chmod(0o755)
+        env["PATH"] = f"{tmp_path}:{env['PATH']}"
+    ten = subprocess.Popen(["sleep", "60"], env={"HOROVOD_HOSTNAME": "job-worker-10"})
+    try:
+        for host, want in [("job-worker-10", "busy"), ("job-worker-1", "idle")]:
+            out = subprocess.run(
+                ["sh", "-c", busy_script(host)], env=env, capture_output=True, text=True
+            )
+            assert out.stdout.splitlines()[0] == want, (host, out.stdout[:200])
+            assert out.stderr == ""
+        out = subprocess.run(
+            ["sh", "-c", find_horovod("job-worker-10") + '; echo "$pids"'],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert out.stdout.split() == [str(ten.pid)]
+    finally:
+        ten.kill()
+        ten.wait()
 
 
 def test_busy_script_quotes_the_name() -> None:
