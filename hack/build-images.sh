@@ -97,6 +97,26 @@ bud() {  # REF DOCKERFILE: a shipped Dockerfile, built on our base
     say "building $1 from $2"
     "${BUD[@]}" --build-arg "BASE=$base_ref" -f "$2" -t "$1" . >&2
 }
+# Horovod is compiled once on this machine: the virtualenv's wheel (same script, same torch)
+# goes where the training image's build looks for it, the directory of its cache mount
+# (/root/.cache/etoperator) under buildah's cache root, when this host is the base's Debian
+# release, whose python3 is 3.11 (the wheel links against its libc and CPython's ABI).
+# Elsewhere, or with a buildah that keeps its cache mounts another way, the image compiles it.
+BUILDAH_CACHE_MOUNT=${TMPDIR:-/var/tmp}/buildah-cache/root/.cache/etoperator
+seed_horovod() {
+    local codename torch wheels
+    codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+    [ "$codename" = "$SUITE" ] || return 0
+    torch=$(sed -n 's/^torch==//p' "$pins")
+    wheels="wheels/torch-$torch-$(sha256sum hack/build-horovod.sh | cut -c1-12)"
+    for wheel in "$CACHE/$wheels"/horovod-*-cp311-cp311-linux_x86_64.whl; do
+        [ -f "$wheel" ] || continue
+        mkdir -p "$BUILDAH_CACHE_MOUNT/$wheels"
+        cp -n "$wheel" "$BUILDAH_CACHE_MOUNT/$wheels/"
+        say "Horovod's wheel from the virtualenv's build: $wheel"
+    done
+}
+seed_horovod
 # Named as the examples and deploy/ name them (docker.io/ is what a bare name means).
 train_ref=localhost/etoperator/train:latest
 train_hash=$(hash_of examples/Dockerfile.train examples/*.py examples/image hack/build-horovod.sh "$pins" | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)

@@ -34,6 +34,12 @@ if command -v buildah >/dev/null; then
         gone+=("buildah's images localhost/etoperator/*")
     fi
 fi
+# What the training image's build cached (its Horovod wheel): our cache mount's directory only.
+mount=${TMPDIR:-/var/tmp}/buildah-cache/root/.cache/etoperator
+if [ -d "$mount" ]; then
+    rm -rf "$mount"
+    gone+=("$mount")
+fi
 if [ -L .venv ]; then
     rm -f .venv
     gone+=(".venv")

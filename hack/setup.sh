@@ -79,12 +79,7 @@ if [ -d "$CACHE/go" ]; then
     rm -rf "$CACHE/go"
     step "removed the Go build caches"
 fi
-images=$(hack/build-images.sh "$node_bin" | tail -n 1)
-step "images in $images"
-# buildah keeps each image a rebuild replaced (untagged); the archives hold what nodes run.
-dangling=$(buildah images --filter dangling=true --noheading --format '{{.ID}}')
-[ -z "$dangling" ] || buildah rmi $dangling >/dev/null 2>&1 || true
-
+# The images come once the virtualenv is ready: its Horovod wheel is the training image's too.
 if [ -n "$venv_pid" ]; then
     if ! wait "$venv_pid"; then
         venv_pid=
@@ -95,6 +90,12 @@ if [ -n "$venv_pid" ]; then
     venv_pid=
     step "virtualenv ready"
 fi
+images=$(hack/build-images.sh "$node_bin" | tail -n 1)
+step "images in $images"
+# buildah keeps each image a rebuild replaced (untagged); the archives hold what nodes run.
+dangling=$(buildah images --filter dangling=true --noheading --format '{{.ID}}')
+[ -z "$dangling" ] || buildah rmi $dangling >/dev/null 2>&1 || true
+
 if [ ! -L .venv ] || [ "$(readlink .venv)" != "$venv" ]; then
     rm -rf .venv
     ln -s "$venv" .venv
