@@ -93,8 +93,12 @@ def test_a_lost_worker_of_a_placed_gang_is_replaced_without_waiting_for_the_grou
     wait_for(lambda: running(cluster, ns, "gl", 2), 60, "running")
     lost = cluster.hosts(ns, "gl")[0]
     cluster.finish(ns, lost, 1)
-    wait_for(lambda: running(cluster, ns, "gl", 2) and lost not in cluster.hosts(ns, "gl"), 60,
-             "a replacement in the host list")  # fmt: skip
+
+    def replaced() -> bool:  # one read of the host list: two could see it before and after
+        hosts = cluster.hosts(ns, "gl")
+        return cluster.phase(ns, "gl") == "Running" and len(hosts) == 2 and lost not in hosts
+
+    wait_for(replaced, 60, "a replacement in the host list")
     assert bound(cluster, ns, "gl") == 2
     pending = cluster.condition(ns, "gl", "GangPending") or {}
     assert pending.get("status") != "True", pending
