@@ -71,6 +71,9 @@ class FaultProxy:
     _crash: Crash | None = None
     _gates: list[tuple[Fault, threading.Event]] = field(default_factory=list)
     held: set[str] = field(default_factory=set)  # plurals whose watch events are held back
+    # Plurals whose next watch event is cut in half, the answer then ended cleanly: a proxy
+    # that ends its own answer when the apiserver broke its. Each cut once.
+    cut: set[str] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -215,6 +218,10 @@ class FaultProxy:
                 async for chunk in up.content.iter_any():
                     while watching and plural in self.held:  # a cache falling behind
                         await asyncio.sleep(0.05)
+                    if watching and plural in self.cut and b"\n" in chunk:
+                        self.cut.discard(plural)
+                        await resp.write(chunk[: chunk.index(b"\n") // 2])
+                        break
                     await resp.write(chunk)
                 await resp.write_eof()
             except aiohttp.ClientPayloadError:

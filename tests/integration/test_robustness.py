@@ -180,6 +180,18 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
 
+def test_a_watch_answer_cut_mid_event_is_watched_again(cluster: Cluster, ns: str) -> None:
+    """A proxy between the operator and the apiserver ends a watch answer cleanly in the middle
+    of an event (as one may when the apiserver broke its own answer): the operator watches
+    again from the last version it saw, stops for nothing, and sees the event it was cut from."""
+    proc = cluster.operator.proc
+    cluster.proxy.cut.add("trainingjobs")
+    cluster.create(job("cut", replicas=2), ns)
+    wait_for(lambda: "trainingjobs" not in cluster.proxy.cut, 30, "the watch answer cut")
+    running(cluster, ns, "cut")
+    assert cluster.operator.proc is proc and cluster.operator.alive(), cluster.operator.tail(40)
+
+
 def pod_phase(cluster: Cluster, ns: str, name: str) -> str:
     return str(((cluster.api.get("Pod", ns, name) or {}).get("status") or {}).get("phase"))
 
