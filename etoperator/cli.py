@@ -94,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     from kopf._core.engines.peering import Identity  # not re-exported by kopf
 
     import etoperator.handlers
+    from etoperator import watchlines
     from etoperator.settings import own_identity
+
+    watchlines.install()
 
     kopf.configure(
         verbose=args.verbose,
