@@ -41,9 +41,8 @@ async def whole_lines(
 
 def install() -> None:
     """kopf's stream reader becomes `whole_lines` (kopf looks it up at each watch)."""
-    from kopf._cogs.clients import (
-        api,
-    )  # not public: checked, so an upgrade that moved it fails here
+    # Not public: checked, so that an upgrade of kopf that moved it fails here, at start.
+    from kopf._cogs.clients import api
 
     if not callable(getattr(api, "iter_jsonlines", None)):
         raise RuntimeError("kopf's watch line reader (kopf._cogs.clients.api.iter_jsonlines) moved")
