@@ -16,6 +16,7 @@ import pytest
 
 from etoperator.sshcheck import SSHProber
 from localcluster.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
+from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running, settled
 
@@ -444,15 +445,14 @@ def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
             manifest = scaleout(f"{name}-grow", name, 1, timeout=300)
             manifest["spec"]["script"] = str(hang)
             cluster.create(manifest, ns)
-        wait_for(
-            lambda: all(
-                (cluster.condition(ns, f"{n}-grow", "ScriptExecuted", SO) or {}).get("status")
-                == "Unknown"
-                for n in names
-            ),
-            30,
-            "the nine scripts running",
-        )
+        # Nine workers start, join and are probed at once on the suite's loaded nodes: the
+        # wait is for all of that, well inside the scales' own timeout.
+        try:
+            wait_for(lambda: not scripts_not_running(cluster, ns, names), 120, "nine scripts")
+        except Timeout:
+            pytest.fail(
+                f"scripts not running after 120s: {scripts_not_running(cluster, ns, names)}"
+            )
         manifest = scaleout("free-grow", "free", 1)
         manifest["spec"]["script"] = str(quick)
         cluster.create(manifest, ns)
@@ -462,6 +462,18 @@ def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
         assert all(cluster.phase(ns, f"{n}-grow", SO) == "Scaling" for n in names)
     finally:
         gate.touch()
+
+
+def scripts_not_running(cluster: Cluster, ns: str, jobs: list[str]) -> dict[str, str]:
+    """The jobs whose scale-out's script is not running yet, with what their scale waits for."""
+    left = {}
+    for n in jobs:
+        if (cluster.condition(ns, f"{n}-grow", "ScriptExecuted", SO) or {}).get("status") != (
+            "Unknown"
+        ):
+            scaling = cluster.condition(ns, f"{n}-grow", "Scaling", SO) or {}
+            left[n] = str(scaling.get("message") or cluster.phase(ns, f"{n}-grow", SO))
+    return left
 
 
 def test_a_script_cut_off_by_an_operator_restart_runs_once_and_ends_its_scale_at_once(
