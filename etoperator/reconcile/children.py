@@ -286,7 +286,8 @@ class Children:
         if (obs.configmap.get("data") or {}) == data:
             return
         cm = naming.config_map_name(spec.name)
-        self.kube.patch("ConfigMap", spec.namespace, cm, {"data": data})
+        after = self.kube.patch("ConfigMap", spec.namespace, cm, {"data": data})
+        self.writes.published(obs.job, obs.configmap, after)
         metrics.HOST_UPDATES.inc()
         log.info(
             "Updated host list namespace=%s job=%s hosts=%s",

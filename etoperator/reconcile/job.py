@@ -12,7 +12,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -173,7 +173,7 @@ class JobReconciler:
         took: dict[str, float] = {}
         start = time.monotonic()
         try:
-            return self.reconcile_observed(obs, took)
+            return self.reconcile_observed(replace(obs, configmap=self.writes.configmap(obs)), took)
         except ApiError as exc:
             if not refused(exc):
                 raise

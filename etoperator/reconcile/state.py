@@ -141,6 +141,8 @@ class Writes:
 
     _replaced: dict[tuple[str, str], dict[Ref, set[str]]] = field(default_factory=dict)
     _made: dict[tuple[str, str], dict[tuple[str, str], float]] = field(default_factory=dict)
+    # Per job view: the host-list ConfigMap's versions our writes replaced, and the last write.
+    _lists: dict[tuple[str, str], tuple[set[str], dict[str, Any]]] = field(default_factory=dict)
 
     def wrote(self, before: dict[str, Any]) -> None:
         """`before` was replaced by a write of ours: until the cache moves past it (and any
@@ -162,6 +164,25 @@ class Writes:
                 mine.pop(r)
         return stale
 
+    def published(self, job: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
+        """The job's host-list ConfigMap `before` was replaced by our write, `after`."""
+        olds, _ = self._lists.get(view_of(job), (set(), after))
+        olds.add(before["metadata"]["resourceVersion"])
+        self._lists[view_of(job)] = (olds, after)
+
+    def configmap(self, obs: Observed) -> dict[str, Any] | None:
+        """The host-list ConfigMap as it is: our last write of it while the cache still shows
+        a version it replaced (the host list decides which victim may go, and whether a list
+        equal to the cache's needs writing: a stale one would let a worker go while listed)."""
+        mine = self._lists.get(view_of(obs.job))
+        if mine is None or obs.configmap is None:
+            self._lists.pop(view_of(obs.job), None)
+            return obs.configmap
+        if obs.configmap["metadata"].get("resourceVersion") in mine[0]:
+            return mine[1]
+        self._lists.pop(view_of(obs.job))  # the cache caught up, or someone else wrote it
+        return obs.configmap
+
     def made(self, job: dict[str, Any], kind: str, name: str) -> None:
         self._made.setdefault(view_of(job), {})[(kind, name)] = time.monotonic()
 
@@ -181,10 +202,12 @@ class Writes:
     def forget(self, namespace: str, job: str) -> None:
         self._replaced.pop((namespace, job), None)
         self._made.pop((namespace, job), None)
+        self._lists.pop((namespace, job), None)
 
     def count(self) -> int:
         """How many objects are remembered as written but maybe not yet seen so."""
-        return sum(len(v) for v in self._replaced.values()) + sum(map(len, self._made.values()))
+        made = sum(map(len, self._made.values())) + len(self._lists)
+        return sum(len(v) for v in self._replaced.values()) + made
 
 
 @dataclass

@@ -12,9 +12,9 @@ import pytest
 from etoperator import naming
 from etoperator.builders.common import Owner
 from localcluster.cluster import OPERATOR_USER
-from localcluster.manifests import job, scaleout
+from localcluster.manifests import job, scalein, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.waits import pass_attempts, passes, running
+from tests.support.waits import pass_attempts, passes, running, settled
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +86,29 @@ def test_a_cache_behind_the_server_is_waited_out(cluster: Cluster, ns: str) -> N
     wait_for(lambda: cluster.phase(ns, "grow", "ScaleOut") == "ScaleSucceeded", 20)
     assert cluster.hosts(ns, "behind") == ["behind-worker-0", "behind-worker-1", "behind-worker-2"]
     assert cluster.status(ns, "behind")["lastWorkerIndex"] == 2
+
+
+def test_a_host_list_write_the_cache_has_not_shown_yet_is_known_without_it(
+    cluster: Cluster, ns: str
+) -> None:
+    """The operator's ConfigMap watch falls behind, its own host-list writes unseen: a scale
+    still goes on from what it wrote (it waited for the watch, writing the list again every
+    pass), and a scale that undoes the last one writes the list back."""
+    cluster.create(job("cmlag", replicas=2, maxReplicas=3), ns)
+    running(cluster, ns, "cmlag")
+    cluster.proxy.held.add("configmaps")
+    try:
+        cluster.create(scaleout("grow", "cmlag", 1), ns)
+        settled(cluster, ns, "ScaleOut", "grow", "ScaleSucceeded", timeout=60)
+        assert cluster.hosts(ns, "cmlag") == [f"cmlag-worker-{i}" for i in range(3)]
+        # The cache still shows two hosts: going back to them is a write all the same.
+        cluster.create(scalein("shrink", "cmlag", pod_names=["cmlag-worker-2"]), ns)
+        settled(cluster, ns, "ScaleIn", "shrink", "ScaleSucceeded", timeout=60)
+        two = ["cmlag-worker-0", "cmlag-worker-1"]
+        assert cluster.hosts(ns, "cmlag") == two
+        wait_for(lambda: cluster.pods(ns, "cmlag", "worker") == two, 30, "the victim gone")
+    finally:
+        cluster.proxy.held.discard("configmaps")
 
 
 def annotate_and_wait_for_a_pass(cluster: Cluster, ns: str, job_name: str, note: str) -> None:

@@ -136,6 +136,26 @@ def test_what_a_write_made_stale_is_forgotten_with_the_object() -> None:
     assert writes.count() == 0
 
 
+def test_the_host_list_is_our_last_write_until_the_cache_moves_past_every_version_it_replaced() -> (
+    None
+):
+    writes = Writes()
+    job = body("TrainingJob", "j", "1")
+    v1, v2, v3 = (body("ConfigMap", "j-config", v) for v in ("1", "2", "3"))
+
+    def with_cm(cm: dict[str, Any] | None) -> Observed:
+        return Observed(job, None, None, [], [], cm, [])
+
+    assert writes.configmap(with_cm(v1)) is v1  # nothing written
+    writes.published(job, v1, v2)
+    writes.published(job, v2, v3)  # twice before the cache showed the first
+    assert writes.configmap(with_cm(v1)) is v3 and writes.configmap(with_cm(v2)) is v3
+    v4 = body("ConfigMap", "j-config", "4")  # another's write, after ours
+    assert writes.configmap(with_cm(v4)) is v4 and writes.count() == 0
+    writes.published(job, v4, body("ConfigMap", "j-config", "5"))
+    assert writes.configmap(with_cm(None)) is None and writes.count() == 0  # deleted
+
+
 def test_a_child_we_created_is_unseen_until_its_cache_shows_it() -> None:
     """Pods and Services: a pass whose caches lag behind the last pass's creates would make
     them again (P5: 1.6 Service creates a job refused as existing, each then read back)."""
