@@ -114,9 +114,11 @@ class World:
 
     def new_namespace(self) -> str:
         name = f"t-{uuid.uuid4().hex[:8]}"
-        self.kubectl("create", "namespace", name)
-        self.local.wait_namespace_ready(name)
+        self.local.create_namespace(name)
         return name
+
+    def delete_namespace(self, name: str) -> None:
+        self.local.delete_namespace(name)
 
     # -- reading the world ----------------------------------------------------------------
 

@@ -45,4 +45,4 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
         print("--- the operator was down after the test: started again ---")
         cluster.operator.start()
     # Gone with its jobs (in the background): later tests share the operator with no one.
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.delete_namespace(name)

@@ -277,7 +277,7 @@ def world(cluster: Cluster) -> Iterator[tuple[str, dict[str, str]]]:
     running(cluster, ns, BYSTANDER)
     running(cluster, ns, "roomy", 1)
     yield ns, uids(cluster, ns)
-    cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    cluster.delete_namespace(ns)
 
 
 def uids(cluster: Cluster, ns: str, job: str = BYSTANDER) -> dict[str, str]:

@@ -126,9 +126,15 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     cluster.kubectl("scale", "tj", "rb", "-n", ns, "--replicas", "3")
     wait_for(lambda: len(cluster.hosts(ns, "rb")) == 3, 20, "3 workers")
     less = scalein("less", "rb", count=1)
-    less["spec"]["script"] = "/bin/true"  # runs on the launcher through pods/exec
+    # An empty script (run as `sh <script>`: /bin/true was read as one and failed), run on the
+    # launcher through pods/exec.
+    less["spec"]["script"] = "/dev/null"
     cluster.create(less, ns)
-    wait_for(lambda: cluster.phase(ns, "less", "ScaleIn") == "ScaleSucceeded", 20)
+    # A drain, then the script's exec: 20 s was too short once on a loaded machine (the
+    # script's end came 18 s after the scale began).
+    wait_for(lambda: cluster.phase(ns, "less", "ScaleIn") == "ScaleSucceeded", 60)
+    ran = cluster.condition(ns, "less", "ScriptExecuted", "ScaleIn") or {}
+    assert ran.get("status") == "True", ran
     cluster.finish(ns, "rb-worker-0", 1)
     wait_for(
         lambda: cluster.hosts(ns, "rb") == ["rb-worker-1", "rb-worker-4"],
