@@ -1,6 +1,7 @@
 """The project's Horovod build, under plain `horovodrun` on this machine: a rank that stops
 answering fails its peers' Gloo operations within HOROVOD_GLOO_OP_TIMEOUT_SECONDS, not the
-rendezvous timeout (30 s), so an elastic job resets within seconds of losing a worker."""
+rendezvous timeout (30 s), so an elastic job resets within seconds of losing a worker; and its
+elastic driver runs the host-discovery script with no Python interpreter started in between."""
 
 from __future__ import annotations
 
@@ -69,3 +70,22 @@ def test_a_frozen_rank_fails_its_peer_within_the_op_timeout(tmp_path: Path) -> N
 def test_the_op_timeout_is_the_users_to_set(tmp_path: Path) -> None:
     waited, out = _run(tmp_path, {"HOROVOD_GLOO_OP_TIMEOUT_SECONDS": "2"})
     assert waited < 4.5, f"waited {waited} s with a 2 s op timeout\n{out[-2000:]}"
+
+
+def test_the_discovery_script_runs_as_a_child_not_through_a_new_interpreter(tmp_path: Path) -> None:
+    """Upstream starts a Python interpreter for each call of the script (every second)."""
+    from horovod.runner.elastic.discovery import HostDiscoveryScript  # type: ignore[import-untyped]
+
+    chain = tmp_path / "chain"
+    script = tmp_path / "discover.sh"
+    # The script's parent is the shell that runs it; that shell's parent, the caller.
+    script.write_text(
+        f"#!/bin/sh\nps -o ppid= -p $PPID > {chain}\necho worker-0:2\necho worker-1\n"
+    )
+    script.chmod(0o755)
+    hosts = HostDiscoveryScript(str(script), 1).find_available_hosts_and_slots()
+    assert hosts == {"worker-0": 2, "worker-1": 1}
+    assert int(chain.read_text()) == os.getpid(), "a process between the caller and the shell"
+    script.write_text("#!/bin/sh\nexit 3\n")
+    with pytest.raises(RuntimeError, match="Exit code: 3"):
+        HostDiscoveryScript(str(script), 1).find_available_hosts_and_slots()
