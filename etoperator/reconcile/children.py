@@ -54,11 +54,19 @@ class Children:
     _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
     _template_secrets_checked: dict[str, datetime] = field(default_factory=dict)
     _access: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
+    # What the last making of a job's access met, said on every pass until the next making
+    # ends (not only on the pass that read it: the Blocked message flapped, a status write and
+    # a Warning each pass); and the jobs whose making ended this pass (not made again at once).
+    _access_met: dict[str, list[str]] = field(default_factory=dict)
+    _access_ended: set[str] = field(default_factory=set)
 
     def forget(self, prefix: str) -> None:
-        for memo in (self._user_secret_checked, self._template_secrets_checked, self._access):
+        memos = (self._user_secret_checked, self._template_secrets_checked, self._access,
+                 self._access_met)  # fmt: skip
+        for memo in memos:
             for k in [k for k in memo if k.startswith(prefix)]:
                 memo.pop(k)
+        self._access_ended = {k for k in self._access_ended if not k.startswith(prefix)}
 
     def user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
         """The Secret the job's annotation names (not the job's own, so not watched)."""
@@ -78,7 +86,6 @@ class Children:
         jid = job_id(spec.namespace, spec.name, spec.uid)
         if obs.secret is not None:
             self.keys.public[jid] = ssh.public_key(obs.secret)
-        problems += self.access_made(jid)
         wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
         unseen = self.writes.unseen(obs)
         missing = tuple(
@@ -86,6 +93,7 @@ class Children:
             for o in wanted
             if (ref := (o["kind"], o["metadata"]["name"])) not in obs.present and ref not in unseen
         )
+        problems += self.access_made(jid, bool(missing))
         role = next(o for o in wanted if o["kind"] == "Role")
         view = BasicsView(
             secret=bool(spec.ssh_secret) or obs.secret is not None,
@@ -96,13 +104,18 @@ class Children:
         )
         return problems, view
 
-    def access_made(self, jid: str) -> list[str]:
-        """What the launcher's access met when last made (once), none while it is being made."""
+    def access_made(self, jid: str, missing: bool) -> list[str]:
+        """What the launcher's access met when last made, until it is made again (nothing
+        once none of it is missing)."""
+        self._access_ended.discard(jid)
         making = self._access.get(jid)
-        if making is None or not making.done():
-            return []
-        del self._access[jid]
-        return making.result()
+        if making is not None and making.done():
+            del self._access[jid]
+            self._access_met[jid] = making.result()
+            self._access_ended.add(jid)
+        if not missing:
+            self._access_met.pop(jid, None)
+        return list(self._access_met.get(jid, []))
 
     # -- the basics' writes (planning/writes.py), first in a pass ------------------------------
 
@@ -128,7 +141,9 @@ class Children:
         jid = job_id(spec.namespace, spec.name, spec.uid)
         wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
         missing = [o for o in wanted if (o["kind"], o["metadata"]["name"]) in objects]
-        if missing and not self.making_access(jid):
+        # A making that met something in the way is tried again at the job's next pass, not
+        # in the pass that told of it (which came a second after: a making a second).
+        if missing and not self.making_access(jid) and jid not in self._access_ended:
             self._access[jid] = self.access_pool.submit(self.make_access, obs, missing)
 
     def update_launcher_role(self, obs: Observed) -> None:

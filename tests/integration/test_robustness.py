@@ -16,7 +16,7 @@ import pytest
 from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
 from tests.support.relay import Relay
-from tests.support.waits import running
+from tests.support.waits import passes, running
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +127,42 @@ def test_foreign_object_is_not_adopted(cluster: Cluster, ns: str) -> None:
     cluster.api.delete("ConfigMap", ns, "taken-config")
     running(cluster, ns, "taken")
     assert (cluster.condition(ns, "taken", "Blocked") or {})["status"] == "False"
+
+
+def test_a_job_whose_launcher_access_is_someone_elses_says_so_once_and_waits(
+    cluster: Cluster, ns: str
+) -> None:
+    """The launcher's ServiceAccount, Role and RoleBinding exist and are not the job's: it is
+    Blocked, naming all three, and says it once. Its Blocked condition flapped at every pass
+    (the three named on the pass that read the making's outcome, nothing on the next), a
+    status write, a Warning and a making of the three every second. Once they are gone, it runs."""
+    rbac_v1 = "rbac.authorization.k8s.io/v1"
+    foreign = [("v1", "ServiceAccount"), (rbac_v1, "Role"), (rbac_v1, "RoleBinding")]
+    for api, kind in foreign:
+        body: dict[str, Any] = {"apiVersion": api, "kind": kind}
+        body["metadata"] = {"name": "fx-launcher", "namespace": ns}
+        if kind == "RoleBinding":
+            body["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": "fx-launcher"}  # fmt: skip
+        cluster.api.create(body)
+    cluster.create(job("fx", replicas=1), ns)
+
+    def blocked() -> str:
+        cond = cluster.condition(ns, "fx", "Blocked") or {}
+        return str(cond.get("message")) if cond.get("status") == "True" else ""
+
+    wait_for(lambda: "RoleBinding fx-launcher exists" in blocked(), 20, "Blocked, naming it")
+    said = blocked()
+    assert all(f"{kind} fx-launcher exists" in said for _, kind in foreign), said
+    version = cluster.job(ns, "fx")["metadata"]["resourceVersion"]
+    start, deadline = passes(cluster), time.monotonic() + 60
+    while passes(cluster) < start + 5:  # passes of its own (resync 3 s), maybe of others'
+        assert time.monotonic() < deadline, "passes stopped coming"
+        assert cluster.job(ns, "fx")["metadata"]["resourceVersion"] == version, blocked()
+    for _, kind in reversed(foreign):
+        cluster.api.delete(kind, ns, "fx-launcher")
+    running(cluster, ns, "fx", 1)
+    assert (cluster.condition(ns, "fx", "Blocked") or {})["status"] == "False"
 
 
 def test_user_supplied_ssh_secret(cluster: Cluster, ns: str) -> None:
