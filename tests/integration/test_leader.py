@@ -144,7 +144,10 @@ def test_a_leader_stopped_gracefully_hands_over_to_the_standby_at_once(
             w in line for w in ("SIGTERM", "Writes shut", "Lease released", "Lease not", "Leading")
         )
     ]
-    assert took <= 3.0, (
+    # Released, not expired: the standby leads at its next look (each second), well before the
+    # Lease's 10 s would run out. Alone about 1 s (bench/ha.py measures it); 4.1 s once beside
+    # the whole suite on a slow machine, so the bound is the half of the Lease's duration.
+    assert took <= 5.0, (
         f"the standby took over {took:.1f} s after the leader was told to stop:\n"
         + "\n".join(timeline)
     )
