@@ -56,9 +56,8 @@ class Children:
     _access: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
     # What the last making of a job's access met, said on every pass until the next making
     # ends (not only on the pass that read it: the Blocked message flapped, a status write and
-    # a Warning each pass); and the jobs whose making ended this pass (not made again at once).
+    # a Warning each pass).
     _access_met: dict[str, list[str]] = field(default_factory=dict)
-    _access_ended: set[str] = field(default_factory=set)
 
     def forget(self, prefix: str) -> None:
         memos = (self._user_secret_checked, self._template_secrets_checked, self._access,
@@ -66,7 +65,6 @@ class Children:
         for memo in memos:
             for k in [k for k in memo if k.startswith(prefix)]:
                 memo.pop(k)
-        self._access_ended = {k for k in self._access_ended if not k.startswith(prefix)}
 
     def user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
         """The Secret the job's annotation names (not the job's own, so not watched)."""
@@ -93,29 +91,30 @@ class Children:
             for o in wanted
             if (ref := (o["kind"], o["metadata"]["name"])) not in obs.present and ref not in unseen
         )
-        problems += self.access_made(jid, bool(missing))
+        met, ended = self.access_made(jid, bool(missing))
+        problems += met
         role = next(o for o in wanted if o["kind"] == "Role")
         view = BasicsView(
             secret=bool(spec.ssh_secret) or obs.secret is not None,
             config_map=obs.configmap is not None,
-            access=() if self.making_access(jid) else missing,
+            # A making that met something in the way is tried again at the job's next pass,
+            # not in the pass that told of it (which came a second after: a making a second).
+            access=() if self.making_access(jid) or ended else missing,
             role_current=not obs.role or obs.role.get("rules") == role["rules"],
             launcher_ready=all((o["kind"], o["metadata"]["name"]) in obs.present for o in wanted),
         )
         return problems, view
 
-    def access_made(self, jid: str, missing: bool) -> list[str]:
+    def access_made(self, jid: str, missing: bool) -> tuple[list[str], bool]:
         """What the launcher's access met when last made, until it is made again (nothing
-        once none of it is missing)."""
-        self._access_ended.discard(jid)
+        once none of it is missing); and whether that making ended since the last pass."""
         making = self._access.get(jid)
-        if making is not None and making.done():
-            del self._access[jid]
-            self._access_met[jid] = making.result()
-            self._access_ended.add(jid)
+        ended = making is not None and making.done()
+        if ended:
+            self._access_met[jid] = self._access.pop(jid).result()
         if not missing:
             self._access_met.pop(jid, None)
-        return list(self._access_met.get(jid, []))
+        return list(self._access_met.get(jid, [])), ended
 
     # -- the basics' writes (planning/writes.py), first in a pass ------------------------------
 
@@ -141,9 +140,7 @@ class Children:
         jid = job_id(spec.namespace, spec.name, spec.uid)
         wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
         missing = [o for o in wanted if (o["kind"], o["metadata"]["name"]) in objects]
-        # A making that met something in the way is tried again at the job's next pass, not
-        # in the pass that told of it (which came a second after: a making a second).
-        if missing and not self.making_access(jid) and jid not in self._access_ended:
+        if missing and not self.making_access(jid):
             self._access[jid] = self.access_pool.submit(self.make_access, obs, missing)
 
     def update_launcher_role(self, obs: Observed) -> None:

@@ -166,9 +166,9 @@ class Writes:
 
     def published(self, job: dict[str, Any], before: dict[str, Any], after: dict[str, Any]) -> None:
         """The job's host-list ConfigMap `before` was replaced by our write, `after`."""
-        olds, _ = self._lists.get(view_of(job), (set(), after))
-        olds.add(before["metadata"]["resourceVersion"])
-        self._lists[view_of(job)] = (olds, after)
+        key = view_of(job)
+        olds = self._lists.get(key, (set(), after))[0]
+        self._lists[key] = (olds | {before["metadata"]["resourceVersion"]}, after)
 
     def configmap(self, obs: Observed) -> dict[str, Any] | None:
         """The host-list ConfigMap as it is: our last write of it while the cache still shows
