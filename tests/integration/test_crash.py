@@ -101,15 +101,22 @@ def scale_once(c: Cluster, ns: str, scale: Scale, name: str, crash_at: int | Non
         assert crash.killed.wait(30), "the operator was not killed"
         c.operator.start()  # a new process takes over from what it observes
     c.proxy.disarm()
+    await_consistent(c, ns, expected, f"{name} consistent after a crash")
+    return crash.writes
+
+
+def await_consistent(c: Cluster, ns: str, expected: int, what: str) -> None:
+    """Wait for `consistent`; on a timeout, print what the world looks like instead. A crashed
+    scale's rest (a new process's imports, a pod to start and be probed) is over 30 s on a
+    loaded machine."""
     try:
-        wait_for(lambda: consistent(c, ns, expected), 90, f"{name} consistent after a crash", 0.25)
+        wait_for(lambda: consistent(c, ns, expected), 90, what, 0.25)
     except AssertionError:
         print(f"status: {c.status(ns, JOB)}\npods: {c.pods(ns, JOB, 'worker')}")
         print(f"hosts: {c.hosts(ns, JOB)}\nspec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
         for sc in scalers(c, ns):
             print(sc["kind"], sc["metadata"]["name"], sc.get("status"))
         raise
-    return crash.writes
 
 
 @pytest.mark.parametrize("pair", list(PAIRS))
@@ -153,5 +160,5 @@ def test_a_crash_as_a_scale_succeeds_never_undoes_it(cluster: Cluster, ns: str) 
     assert crash.killed.wait(30), "the operator was never killed"
     cluster.proxy.disarm()
     cluster.operator.start()
-    wait_for(lambda: consistent(cluster, ns, 4), 30, "both ScaleOuts kept")
+    await_consistent(cluster, ns, 4, "both ScaleOuts kept")
     assert len(scalers(cluster, ns)) == 2  # no ScaleIn made to undo one of them
