@@ -75,9 +75,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     api = kube.load_config(cfg.kubeconfig, connections=cfg.workers + REQUEST_THREADS)
     api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
     tainted: set[str] = set()  # nodes about to be taken away: the node watch fills it
+    prober = SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout)
+    memo.prober = prober  # its connections to workers are closed at the stop
     reconciler = JobReconciler.build(
         kube.Kube(api),
-        prober=SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout),
+        prober=prober,
         ssh_checks=cfg.ssh_checks,
         max_workers=cfg.max_workers,
         probe_pool=concurrent.futures.ThreadPoolExecutor(cfg.workers, "etoperator-ssh"),
@@ -152,6 +154,9 @@ async def stop_acting(memo: kopf.Memo) -> None:
         wait = election.duration if election is not None else LeaderElection.duration
         ended = await asyncio.get_running_loop().run_in_executor(None, gate.close, wait)
         log.info("Writes shut in %.2fs sent_ended=%s", time.monotonic() - started, ended)
+    prober: SSHProber | None = getattr(memo, "prober", None)
+    if prober is not None:
+        prober.close()
     if election is not None:
         await asyncio.get_running_loop().run_in_executor(None, election.release)
 

@@ -17,7 +17,10 @@ import io
 import ipaddress
 import logging
 import shlex
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import paramiko
 
@@ -109,13 +112,91 @@ def horovod_state(out: str) -> HorovodOn:
     return HorovodOn(True, frozenset(peers))
 
 
+@dataclass
+class _Connection:
+    client: paramiko.SSHClient
+    used: float
+
+
 @dataclass(frozen=True)
 class SSHProber:
+    """Runs commands on workers over SSH. Probes of one worker with one key share a connection
+    (a scale asks each second; a new connection each time was a handshake here and a new sshd
+    process there); one unused for `idle` seconds is closed at the next probe, and the oldest
+    goes once `max_open` are open."""
+
     user: str = "root"
     port: int = 22
     timeout: float = 3.0
+    idle: float = 30.0
+    max_open: int = 64
+    now: Callable[[], float] = time.monotonic
+    _open: dict[tuple[str, str], _Connection] = field(default_factory=dict, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
 
     def run(self, host: str, key: paramiko.PKey, command: str) -> tuple[int, str]:
+        """The command's exit status and output. A shared connection that no longer opens a
+        session (its other end went away: the pod restarted at the same address) is made anew
+        once; a command that fails once started is not run again."""
+        slot = (host, key.get_base64())
+        client = None
+        try:
+            client, fresh = self._take(slot, key)
+            channel = self._session(client, fresh)
+            if channel is None:  # a shared connection, dead
+                self._drop(slot, client)
+                client, fresh = self._take(slot, key)
+                channel = self._session(client, True)
+            assert channel is not None
+            channel.exec_command(command)
+            out = channel.makefile("rb").read().decode(errors="replace")
+            return channel.recv_exit_status(), out
+        except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
+            if client is not None:
+                self._drop(slot, client)
+            raise SSHUnavailable(f"{host}:{self.port}: {exc}") from None
+
+    def _session(self, client: paramiko.SSHClient, fresh: bool) -> paramiko.Channel | None:
+        """A session on the connection; None if a shared one is dead (a new one's failure is
+        the probe's answer)."""
+        transport = client.get_transport()
+        try:
+            if transport is None or not transport.is_active():
+                raise paramiko.SSHException("the connection is closed")
+            channel = transport.open_session(timeout=self.timeout)
+        except (paramiko.SSHException, OSError, EOFError):
+            if fresh:
+                raise
+            return None
+        channel.settimeout(self.timeout)
+        return channel
+
+    def _take(self, slot: tuple[str, str], key: paramiko.PKey) -> tuple[paramiko.SSHClient, bool]:
+        """The open connection for `slot`, or a new one (True); closes those left idle, and
+        the least recently used beyond `max_open`."""
+        now = self.now()
+        with self._lock:
+            idle = [s for s, c in self._open.items() if now - c.used > self.idle]
+            gone = [self._open.pop(s).client for s in idle]
+            conn = self._open.get(slot)
+            if conn is not None:
+                conn.used = now
+        _close(gone)
+        if conn is not None:
+            return conn.client, False
+        client = self._connect(slot[0], key)
+        with self._lock:
+            theirs = self._open.get(slot)  # another probe of the worker made one meanwhile
+            if theirs is None:
+                self._open[slot] = _Connection(client, now)
+                by_use = sorted(self._open, key=lambda s: self._open[s].used)
+                gone = [self._open.pop(s).client for s in by_use[: -self.max_open]]
+            else:
+                theirs.used, gone = now, [client]
+        _close(gone)
+        return (client, True) if theirs is None else (theirs.client, False)
+
+    def _connect(self, host: str, key: paramiko.PKey) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         client.set_missing_host_key_policy(_AcceptAny())
         try:
@@ -130,13 +211,24 @@ class SSHProber:
                 allow_agent=False,
                 look_for_keys=False,
             )
-            _, stdout, _ = client.exec_command(command, timeout=self.timeout)
-            out = stdout.read().decode(errors="replace")
-            return stdout.channel.recv_exit_status(), out
-        except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
-            raise SSHUnavailable(f"{host}:{self.port}: {exc}") from None
-        finally:
+        except BaseException:
             client.close()
+            raise
+        return client
+
+    def _drop(self, slot: tuple[str, str], client: paramiko.SSHClient) -> None:
+        with self._lock:
+            conn = self._open.get(slot)
+            if conn is not None and conn.client is client:
+                del self._open[slot]
+        client.close()
+
+    def close(self) -> None:
+        """Closes every open connection (at shutdown)."""
+        with self._lock:
+            gone = [c.client for c in self._open.values()]
+            self._open.clear()
+        _close(gone)
 
     def ready(self, host: str, key: paramiko.PKey, name: str | None = None) -> bool:
         """sshd at `host` takes the key (and `name`, if given, resolves to `host` there)."""
@@ -155,3 +247,8 @@ class SSHProber:
             log.debug("Horovod check failed: %s", exc)
             return None
         return horovod_state(out) if code == 0 else None
+
+
+def _close(clients: list[paramiko.SSHClient]) -> None:
+    for client in clients:
+        client.close()

@@ -200,3 +200,47 @@ def test_ready_only_once_the_name_resolves_to_the_worker(sshd: ssh.KeyPair) -> N
     assert not prober.ready(IP, key, "etoperator-no-such-host.invalid")
     assert not prober.ready(IP, key, "localhost")  # resolves, but not to this worker's address
     assert prober.run(IP, key, ready_script("localhost", "127.0.0.1"))[0] == 0
+
+
+def connection_of(prober: SSHProber, key: paramiko.PKey) -> tuple[str, str]:
+    """The client's end of the connection a command runs on (as sshd saw it), and the pid of
+    the sshd process that serves that connection."""
+    code, out = prober.run(IP, key, 'set -- $SSH_CONNECTION; echo "$2 $PPID"')
+    assert code == 0, out
+    port, server = out.split()
+    return port, server
+
+
+def test_probes_of_a_worker_share_one_connection_until_it_breaks(sshd: ssh.KeyPair) -> None:
+    """A scale asks a worker every second or so: each probe a new connection was a handshake
+    and a new sshd process on the worker each time. Probes of one worker with one key share a
+    connection; one whose other end went away (the worker restarted at the same address) is
+    made anew, and the probe answers as if nothing had happened."""
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
+    key = load_key(sshd.private_openssh)
+    first = connection_of(prober, key)
+    assert connection_of(prober, key) == first
+    assert prober.ready(IP, key) and connection_of(prober, key) == first
+    subprocess.run(["kill", first[1]], check=True)  # the sshd of that connection, as a pod's end
+    assert prober.ready(IP, key)
+    second = connection_of(prober, key)
+    assert second != first
+    # Another key is another connection: it must be accepted on its own.
+    assert not prober.ready(IP, load_key(ssh.generate_keypair().private_openssh))
+    assert connection_of(prober, key) == second
+
+
+def test_a_connection_unused_for_a_while_is_closed(sshd: ssh.KeyPair) -> None:
+    """Each open connection is an sshd process on a worker and a thread here: one left unused
+    longer than `idle` is closed at the next probe of any worker."""
+    clock = [0.0]
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT, idle=30, now=lambda: clock[0])
+    key = load_key(sshd.private_openssh)
+    _, server = connection_of(prober, key)
+    clock[0] += 29
+    assert not prober.ready("127.10.250.3", key)  # a probe of another (absent) worker
+    assert connection_of(prober, key)[1] == server  # not idle long enough
+    clock[0] += 31
+    assert not prober.ready("127.10.250.3", key)
+    wait_for(lambda: not Path(f"/proc/{server}").exists(), 10, "the idle connection's sshd gone")
+    prober.close()
