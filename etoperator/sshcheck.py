@@ -145,7 +145,7 @@ class SSHProber:
             channel = self._session(client, fresh)
             if channel is None:  # a shared connection, dead
                 self._drop(slot, client)
-                client, fresh = self._take(slot, key)
+                client, _ = self._take(slot, key)  # new, or another probe's just made
                 channel = self._session(client, True)
             assert channel is not None
             channel.exec_command(command)

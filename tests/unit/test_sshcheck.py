@@ -65,25 +65,32 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ssh.KeyPair]:
         ["/usr/sbin/sshd", "-D", "-e", "-f", str(tmp / "cfg")], stderr=subprocess.DEVNULL
     )
     try:
-        wait_for(
-            lambda: SSHProber(port=PORT).ready(IP, load_key(keys.private_openssh)), 30, "sshd up"
-        )
+        first = SSHProber(port=PORT)
+        wait_for(lambda: first.ready(IP, load_key(keys.private_openssh)), 30, "sshd up")
+        first.close()
         yield keys
     finally:
         proc.kill()
         proc.wait()
 
 
-def test_ready_with_job_key_only(sshd: ssh.KeyPair) -> None:
-    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
+@pytest.fixture
+def prober() -> Iterator[SSHProber]:
+    """A prober of the test's sshd, its connections closed after the test: each is an sshd
+    process here, which outlives the sshd it came from."""
+    made = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
+    yield made
+    made.close()
+
+
+def test_ready_with_job_key_only(sshd: ssh.KeyPair, prober: SSHProber) -> None:
     assert prober.ready(IP, load_key(sshd.private_openssh))
     other = ssh.generate_keypair()
     assert not prober.ready(IP, load_key(other.private_openssh))
     assert not prober.ready("127.10.250.3", load_key(sshd.private_openssh))  # nobody there
 
 
-def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair) -> None:
-    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
+def test_busy_until_the_process_exits_exact_match(sshd: ssh.KeyPair, prober: SSHProber) -> None:
     key = load_key(sshd.private_openssh)
     assert busy(prober, key, "job-worker-1") is False
     # Started over SSH, as Horovod starts its workers.
@@ -148,10 +155,11 @@ def test_busy_script_quotes_the_name() -> None:
     assert "'HOROVOD_HOSTNAME=x'\"'\"'; rm -rf /; echo '\"'\"''" in script
 
 
-def test_horovod_tells_to_whom_its_processes_are_connected(sshd: ssh.KeyPair) -> None:
+def test_horovod_tells_to_whom_its_processes_are_connected(
+    sshd: ssh.KeyPair, prober: SSHProber
+) -> None:
     """A joining worker is taken in once its Horovod process is connected to the other hosts:
     the probe reads the addresses its sockets are connected to, not those of other processes."""
-    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     marker = f"etoperator-peers-test-{uuid.uuid4().hex[:8]}"
     peer = "127.10.250.9"
@@ -191,10 +199,11 @@ c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); time.sleep(60)
 """
 
 
-def test_ready_only_once_the_name_resolves_to_the_worker(sshd: ssh.KeyPair) -> None:
+def test_ready_only_once_the_name_resolves_to_the_worker(
+    sshd: ssh.KeyPair, prober: SSHProber
+) -> None:
     """Horovod reaches a worker by name: a worker whose name does not resolve (to its own
     address) yet is not ready, whatever its sshd says."""
-    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     assert prober.ready(IP, key)
     assert not prober.ready(IP, key, "etoperator-no-such-host.invalid")
@@ -211,12 +220,13 @@ def connection_of(prober: SSHProber, key: paramiko.PKey) -> tuple[str, str]:
     return port, server
 
 
-def test_probes_of_a_worker_share_one_connection_until_it_breaks(sshd: ssh.KeyPair) -> None:
+def test_probes_of_a_worker_share_one_connection_until_it_breaks(
+    sshd: ssh.KeyPair, prober: SSHProber
+) -> None:
     """A scale asks a worker every second or so: each probe a new connection was a handshake
     and a new sshd process on the worker each time. Probes of one worker with one key share a
     connection; one whose other end went away (the worker restarted at the same address) is
     made anew, and the probe answers as if nothing had happened."""
-    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT)
     key = load_key(sshd.private_openssh)
     first = connection_of(prober, key)
     assert connection_of(prober, key) == first
@@ -236,11 +246,13 @@ def test_a_connection_unused_for_a_while_is_closed(sshd: ssh.KeyPair) -> None:
     clock = [0.0]
     prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT, idle=30, now=lambda: clock[0])
     key = load_key(sshd.private_openssh)
-    _, server = connection_of(prober, key)
-    clock[0] += 29
-    assert not prober.ready("127.10.250.3", key)  # a probe of another (absent) worker
-    assert connection_of(prober, key)[1] == server  # not idle long enough
-    clock[0] += 31
-    assert not prober.ready("127.10.250.3", key)
-    wait_for(lambda: not Path(f"/proc/{server}").exists(), 10, "the idle connection's sshd gone")
-    prober.close()
+    try:
+        _, server = connection_of(prober, key)
+        clock[0] += 29
+        assert not prober.ready("127.10.250.3", key)  # a probe of another (absent) worker
+        assert connection_of(prober, key)[1] == server  # not idle long enough
+        clock[0] += 31
+        assert not prober.ready("127.10.250.3", key)
+        wait_for(lambda: not Path(f"/proc/{server}").exists(), 10, "the idle connection's sshd")
+    finally:
+        prober.close()
