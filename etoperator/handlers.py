@@ -95,8 +95,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.rt = rt
     MEMO[:] = [memo]
     if cfg.leader_election:
-        # Its own client: the Lease is written (released) after the passes' writes are shut.
-        election = LeaderElection(kube.Kube(api), cfg.lease_namespace, cfg.identity)
+        election = LeaderElection.connect(cfg.kubeconfig, cfg.lease_namespace, cfg.identity)
         rt.leading = election.leading
         memo.elector = election
         # Kept in the memo, so that the tasks are not collected while they run.

@@ -120,11 +120,15 @@ class WriteGate:
 
 
 def load_config(
-    kubeconfig: str | None = None, context: str | None = None, connections: int = 32
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    connections: int = 32,
+    retries: int | None = None,
 ) -> k8s.ApiClient:
     """An API client from a kubeconfig, or from the in-cluster service account. `connections`
     should cover the threads that share it: past the pool, every request is a new TLS
-    handshake."""
+    handshake. `retries`: how often a request that failed in transport (refused, reset, timed
+    out) is sent again before it raises; the library's default (3) when None."""
     if kubeconfig or context:
         k8s_config.load_kube_config(config_file=kubeconfig, context=context)
     else:
@@ -134,6 +138,8 @@ def load_config(
             k8s_config.load_kube_config()
     cfg = k8s.Configuration.get_default_copy()
     cfg.connection_pool_maxsize = connections
+    if retries is not None:
+        cfg.retries = retries
     return k8s.ApiClient(cfg)
 
 

@@ -6,8 +6,9 @@ it, a standby takes it over once it has seen no renewal for the Lease's duration
 its own monotonic clock, so clock skew between nodes does not matter).
 
 What keeps two replicas from ever acting at once:
-  - every request of the election is bounded (`request_timeout`), well below the renew
-    deadline, and a look that hangs anyway does not hold up the deadline check;
+  - every request of the election is bounded (`request_timeout`) and sent once, well below the
+    renew deadline (the client's own retries made a look four timeouts long, past it), and a
+    look that hangs anyway does not hold up the deadline check;
   - a leader that has not renewed within `deadline` (< `duration`, counted from the moment its
     last successful renewal was *sent*) stops the process before a standby may take over;
   - every error of a look is caught and logged (the client raises transport errors, not only
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etoperator.clock import iso_micro, utcnow
-from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
+from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube, load_config
 
 log = logging.getLogger(__name__)
 LEASE = "Lease"
@@ -60,6 +61,15 @@ class LeaderElection:
     _pool: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(1, "etoperator-lease")
     )
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None, namespace: str, identity: str) -> LeaderElection:
+        """An election with a client of its own: its Lease is written (released) after the
+        passes' writes are shut, and each of its requests is sent once (a look is retried by
+        the loop, each second, not by the client behind `request_timeout`)."""
+        api = load_config(kubeconfig, connections=2, retries=0)
+        api.user_agent = f"etoperator/{identity}"  # which replica made a request (audit logs)
+        return cls(Kube(api), namespace, identity)
 
     async def run(self) -> None:
         """Look at the Lease every `retry` seconds until stopped; never raises."""
