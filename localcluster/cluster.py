@@ -123,10 +123,16 @@ class OperatorProcess:
         self.kill()
         self.start()
 
-    def tail(self, n: int = 60, namespace: str | None = None) -> str:
-        """The log's last `n` lines; with `namespace`, those of it and of no namespace (the
-        operator's own: its starts, its stops), not another test's."""
-        lines = self.log.read_text(errors="replace").splitlines()
+    def logged(self) -> int:
+        """Where the log ends now: a `tail` since then shows only what came after."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def tail(self, n: int = 60, namespace: str | None = None, since: int = 0) -> str:
+        """The log's last `n` lines written after byte `since`; with `namespace`, those of it
+        and of no namespace (the operator's own: its starts, its stops), not another test's."""
+        with self.log.open("rb") as f:
+            f.seek(since)
+            lines = f.read().decode(errors="replace").splitlines()
         if namespace is not None:
             lines = [ln for ln in lines if f"namespace={namespace}" in ln or "namespace=" not in ln]
         return "\n".join(lines[-n:])

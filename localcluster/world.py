@@ -140,6 +140,34 @@ class World:
     def phase(self, ns: str, name: str, kind: str = naming.JOB_KIND) -> str:
         return str(self.status(ns, name, kind).get("phase") or "")
 
+    def describe(self, ns: str, job: str) -> str:
+        """The job as a failed wait needs it told, in a few lines: its phase and conditions,
+        its pods (phase, readiness, node, why not running), its host list, its latest events."""
+        status = self.status(ns, job)
+        lines = [f"job {job}: phase {status.get('phase')!r}"]
+        for c in status.get("conditions") or []:
+            lines.append(
+                f"  {c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            )
+        for p in self.api.list("Pod", ns, naming.selector({naming.LABEL_JOB: job})):
+            st = p.get("status") or {}
+            states: list[tuple[str, dict[str, Any]]] = [
+                next(iter((cs.get("state") or {"?": {}}).items()))
+                for cs in st.get("containerStatuses") or []
+            ]
+            why = ",".join(f"{k}:{v.get('reason', '')}" for k, v in states)
+            gone = " deleting" if p["metadata"].get("deletionTimestamp") else ""
+            lines.append(
+                f"  pod {p['metadata']['name']}: {st.get('phase')}{gone} "
+                f"node={p['spec'].get('nodeName')} ip={st.get('podIP')} [{why}]"
+            )
+        lines.append(f"  hosts: {self.hosts(ns, job)}")
+        evs = sorted(self.api.list("Event", ns), key=lambda e: str(e.get("lastTimestamp") or ""))
+        for e in evs[-8:]:
+            who = e["involvedObject"].get("name")
+            lines.append(f"  event {who} {e.get('type')} {e.get('reason')}: {e.get('message')}")
+        return "\n".join(lines)
+
     def pods(self, ns: str, job: str, role: str | None = None, live: bool = True) -> list[str]:
         labels = {naming.LABEL_JOB: job}
         if role:

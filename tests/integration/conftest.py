@@ -28,9 +28,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     name = cluster.new_namespace()
+    since = cluster.operator.logged()  # earlier tests' restarts would fill the tail
     yield name
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-        print(f"--- operator log (namespace {name}) ---\n{cluster.operator.tail(120, name)}")
+        log = cluster.operator.tail(120, name, since)
+        print(f"--- operator log (namespace {name}, this test) ---\n{log}")
         pods = cluster.kubectl("get", "pods", "-n", name, "-o", "wide", check=False).stdout
         events = cluster.kubectl("get", "events", "-n", name, check=False).stdout
         print(f"--- pods ---\n{pods}--- events ---\n{events}")
