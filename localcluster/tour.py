@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import yaml
 
+from localcluster import slowwaits
 from localcluster.cluster import OPERATOR_LABEL, OPERATOR_NS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,10 +34,12 @@ def wait_for(
     fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.05
 ) -> T:
     """Poll `fn` until it returns something truthy; fail with its last value at the deadline."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while True:
         value = fn()
         if value:
+            slowwaits.note(what, time.monotonic() - start, timeout)
             return value
         if time.monotonic() > deadline:
             raise TourFailed(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")

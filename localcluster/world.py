@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from etoperator import kube, naming
+from localcluster import slowwaits
 from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
 from localcluster.hollow import HollowNodes
@@ -37,7 +38,8 @@ def wait_for(
     """Poll `fn` until it returns something truthy; fail with the last value after `timeout`.
     Each poll is requests to an apiserver the suite's other processes share: a tenth of a
     second between them, unless a test times something finer."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     last: object = None
     while True:
         try:
@@ -46,6 +48,7 @@ def wait_for(
             last = exc
         else:
             if value:
+                slowwaits.note(what, time.monotonic() - start, timeout)
                 return value
             last = value
         if time.monotonic() > deadline:

@@ -2,14 +2,42 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from localcluster import slowwaits
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kubeconfig", default=None, help="run the real-cluster tier against it")
+
+
+SLOW_WAITS = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One file for the whole run's slow waits, made by the process that prints them; the
+    # suite's worker processes and what they start inherit its name.
+    if not os.environ.get("PYTEST_XDIST_WORKER") and slowwaits.ENV not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="etoperator-slow-waits-")
+        os.close(fd)
+        os.environ[slowwaits.ENV] = path
+        config.stash[SLOW_WAITS] = path
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    path = config.stash.get(SLOW_WAITS, None)
+    if path is None:
+        return
+    waits = slowwaits.read(path)
+    os.unlink(path)
+    if waits:
+        terminalreporter.section(f"{len(waits)} waits took over half their deadline")
+        for w in waits[:12]:
+            terminalreporter.line(f"{w['took']}s of {w['timeout']}s  {w['what']}  {w['test']}")
 
 
 def real_nodes_missing() -> str | None:

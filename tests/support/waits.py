@@ -12,7 +12,7 @@ from tests.harness import Cluster, wait_for
 
 def running(cluster: Cluster, ns: str, name: str, workers: int = 2) -> None:
     """The job runs, with `workers` in its host list. Alone a job runs within 3 s; beside the
-    suite's trainings its pods' start and SSH checks took over 30 s once. A timeout says what
+    suite's trainings it took over 30 s once (why was not recorded). A timeout says what
     the job, its pods and their events were."""
     try:
         wait_for(lambda: cluster.phase(ns, name) == "Running", 90, f"{name} Running")

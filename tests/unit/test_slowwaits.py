@@ -1,0 +1,27 @@
+"""The suite's note of waits that came near their deadline."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from localcluster import slowwaits
+from localcluster.world import Timeout, wait_for
+
+
+def test_a_wait_past_half_its_deadline_is_noted_and_a_quick_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "waits"
+    monkeypatch.setenv(slowwaits.ENV, str(path))
+    wait_for(lambda: True, 1.0, "at once")
+    start = time.monotonic()
+    wait_for(lambda: time.monotonic() - start > 1.2, 2.0, "past 1.2 s", interval=0.05)
+    with pytest.raises(Timeout):
+        wait_for(lambda: False, 0.2, "never", interval=0.05)  # a failure says so itself
+    got = slowwaits.read(str(path))
+    assert [w["what"] for w in got] == ["past 1.2 s"], got
+    assert float(got[0]["took"]) >= 1.2 and got[0]["timeout"] == 2.0, got
+    assert "test_slowwaits.py" in str(got[0]["test"]), got
