@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 ENV = "ETO_SLOW_WAITS"
 
@@ -20,11 +21,11 @@ def note(what: str, took: float, timeout: float) -> None:
         f.write(line + "\n")
 
 
-def read(path: str) -> list[dict[str, object]]:
+def read(path: str) -> list[dict[str, Any]]:
     """The waits noted, nearest their deadline first."""
     try:
         with open(path) as f:
             got = [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
-    return sorted(got, key=lambda w: -float(w["took"]) / float(w["timeout"]))
+    return sorted(got, key=lambda w: -w["took"] / w["timeout"])
