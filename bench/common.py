@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from etoperator import naming
+from localcluster import procs
 from localcluster.cluster import OPERATOR_USER
 from localcluster.world import (
     Hollow,
@@ -248,7 +249,7 @@ def scrape(c: Hollow) -> str:
     return subprocess.run(["curl", "-s", url], capture_output=True, text=True).stdout
 
 
-def rss_mib(proc: subprocess.Popen[bytes] | None) -> int:
+def rss_mib(proc: procs.Process | None) -> int:
     assert proc is not None
     for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

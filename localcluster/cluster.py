@@ -9,10 +9,13 @@ test stands between it and the apiserver, or kills and restarts it)."""
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from etoperator import kube
-from localcluster import procs
+from localcluster import forkserver, procs
 from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.hollow import HollowNodes
 from localcluster.kueue import Kueue
@@ -40,21 +43,12 @@ class KubectlFailed(AssertionError):
 
 
 MODULE = (sys.executable, "-m", "etoperator.cli")
-# The operator's command as a spare: its libraries imported, then `etoperator.cli` as MODULE
-# runs it once a line comes on stdin (none, or end of file: it exits). Nothing of etoperator's
-# own is imported before then: its settings are read from what `main` sets.
-SPARE = (
-    sys.executable, "-c",
-    "import sys, kopf, kubernetes, paramiko, prometheus_client\n"
-    "if sys.stdin.readline():\n"
-    "    from etoperator.cli import main\n"
-    "    sys.exit(main(sys.argv[1:]))\n",
-)  # fmt: skip
+FORK_SERVER = (sys.executable, "-m", "localcluster.forkserver")
 
 
 @dataclass
 class OperatorProcess:
-    """The real operator (`etoperator run`) as a child process."""
+    """The real operator (`etoperator run`) as a process of this machine."""
 
     kubeconfig: Path
     log: Path
@@ -62,16 +56,17 @@ class OperatorProcess:
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = field(default_factory=procs.free_port)
-    proc: subprocess.Popen[bytes] | None = None
-    # A restart's new process spends most of its first seconds importing its libraries (1.3 s
-    # of CPU; 5-9 s on a loaded machine): with `warm`, a spare has them imported beforehand and
-    # waits, having done nothing else (no request, no state), until a start promotes it.
+    proc: procs.Process | None = None
+    # A new process spends its first seconds importing its libraries (1.3-1.6 s of CPU; 5-9 s
+    # on a loaded machine), and the tests restart the operator over a hundred times a run:
+    # with `warm`, each start after the first is a fork of a server that imported them once
+    # (localcluster/forkserver.py), the same command in a process of its own.
     warm: bool = False
-    _spare: tuple[subprocess.Popen[bytes], list[str], dict[str, str]] | None = None
+    _server: tuple[subprocess.Popen[bytes], int, dict[str, str]] | None = None
 
     def start(self) -> None:
-        """A new operator process: the spare, if one waits with the same command, else one
-        from nothing. With `warm`, another spare is made ready for the next start."""
+        """A new operator process: forked by the server with `warm` (unless it cannot), else
+        one from nothing."""
         cmd = [
             "run",
             "--kubeconfig", str(self.kubeconfig),
@@ -87,18 +82,41 @@ class OperatorProcess:
             "KUBECONFIG": str(self.kubeconfig),
             **self.env,
         }
-        spare, self._spare = self._spare, None
-        if spare is not None and spare[1:] == (cmd, env) and spare[0].poll() is None:
-            self.proc = spare[0]
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b"go\n")
-            self.proc.stdin.close()
-        else:
-            procs.stop(spare and spare[0], grace=0)
-            self.proc = procs.spawn([*MODULE, *cmd], self.log, env=env, cwd=ROOT)
-        if self.warm:
-            made = procs.spawn([*SPARE, *cmd], self.log, env=env, cwd=ROOT, stdin=subprocess.PIPE)
-            self._spare = (made, cmd, env)
+        forked = self._fork(cmd, env) if self.warm else None
+        self.proc = forked or procs.spawn([*MODULE, *cmd], self.log, env=env, cwd=ROOT)
+
+    def _fork(self, cmd: list[str], env: dict[str, str]) -> forkserver.Forked | None:
+        """The operator forked by the server (started first, or again for another env);
+        None if the server made none."""
+        if self._server is None or self._server[2] != env or self._server[0].poll() is not None:
+            self._stop_server()
+            report, theirs = os.pipe()
+            server = procs.spawn(
+                [*FORK_SERVER, str(theirs)], self.log, env=env, cwd=ROOT,
+                stdin=subprocess.PIPE, pass_fds=(theirs,),
+            )  # fmt: skip
+            os.close(theirs)
+            self._server = (server, report, env)
+        server, report, _ = self._server
+        assert server.stdin is not None
+        try:
+            server.stdin.write(json.dumps(cmd).encode() + b"\n")
+            server.stdin.flush()
+        except BrokenPipeError:
+            self._stop_server()
+            return None
+        pid = _read_line(report, timeout=60)  # its first fork waits on its imports
+        if not pid:
+            self._stop_server()
+            return None
+        return forkserver.Forked(int(pid), [*MODULE, *cmd])
+
+    def _stop_server(self) -> None:
+        if self._server is not None:
+            server, report, _ = self._server
+            procs.stop(server, grace=0)
+            os.close(report)
+            self._server = None
 
     def kill(self) -> None:
         """SIGKILL: no chance to tidy up, as when a node dies."""
@@ -108,8 +126,7 @@ class OperatorProcess:
 
     def stop(self) -> None:
         procs.stop(self.proc)
-        procs.stop(self._spare and self._spare[0], grace=0)
-        self._spare = None
+        self._stop_server()
 
     def terminate(self) -> None:
         """SIGTERM, as a pod's deletion sends it; not waited for."""
@@ -136,6 +153,21 @@ class OperatorProcess:
         if namespace is not None:
             lines = [ln for ln in lines if f"namespace={namespace}" in ln or "namespace=" not in ln]
         return "\n".join(lines[-n:])
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """A line from a pipe, or what came before its end or the deadline."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while not got.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        got += chunk
+    return got.decode().strip()
 
 
 @dataclass

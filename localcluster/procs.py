@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 _PR_SET_PDEATHSIG = 1
 
@@ -97,9 +98,11 @@ def spawn(
     cwd: Path | None = None,
     nice: int = 0,
     stdin: int = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """`argv` in a session of its own, output to `log`, at this process's CPU priority lowered
-    by `nice`; its stdin nothing, or with `stdin=subprocess.PIPE` the caller's to write."""
+    by `nice`; its stdin nothing, or with `stdin=subprocess.PIPE` the caller's to write; the
+    caller's `pass_fds` open in it."""
 
     def prepare() -> None:
         _die_with_parent()
@@ -116,10 +119,21 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             preexec_fn=prepare,
+            pass_fds=tuple(pass_fds),
         )
 
 
-def stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
+class Process(Protocol):
+    """A process we can signal and wait for: a child (Popen) or another's (forkserver.Forked)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def stop(proc: Process | None, grace: float = 10.0) -> None:
     """SIGTERM the process group, then SIGKILL it after `grace` seconds."""
     if proc is None or proc.poll() is not None:
         return
