@@ -23,7 +23,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from etoperator import kube
 from localcluster import procs
 from localcluster.cluster import KubectlFailed, LocalCluster, clear_killed_runs
 from localcluster.controlplane import binaries
@@ -140,19 +142,25 @@ def tour(lc: LocalCluster, results: Path | None) -> None:
         except KubectlFailed as exc:
             raise TourFailed(str(exc)) from None
 
-    def jsonpath(path: str) -> str:
-        return kubectl("get", "tj", JOB, "-o", f"jsonpath={path}", check=False).stdout
+    # What the tour polls, each poll a GET on one connection (a kubectl each was a process
+    # and a discovery each, several a second).
+    api = kube.Kube(kube.load_config(str(lc.kubeconfig)))
+
+    def status(kind: str, name: str) -> dict[str, Any]:
+        try:
+            return dict((api.get(kind, "default", name, timeout=10) or {}).get("status") or {})
+        except kube.ApiError:  # unanswered: the next poll asks again
+            return {}
 
     timings = Tour(
         kubectl=kubectl,
         launcher_log=lambda: lc.pod_log("default", f"{JOB}-launcher"),
         kill_worker=lambda name: lc.kill_pod("default", name),
-        hosts=lambda: list(json.loads(jsonpath("{.status.currentWorkers}") or "[]")),
-        phase=lambda: jsonpath("{.status.phase}"),
+        status=status,
         show=True,
     ).run()
     print("\nShared clusters: jobs queued and admitted by Kueue (examples/kueue/)", flush=True)
-    timings |= QueueTour(kubectl=kubectl).run()
+    timings |= QueueTour(kubectl=kubectl, status=status).run()
     if results is not None:
         results.write_text(json.dumps(timings, indent=2))
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from localcluster import procs
+from localcluster import procs, runnotes
 from localcluster.tour import TRANSITION_TIMEOUT, scene
 from localcluster.world import ROOT, Chain, Timeout, wait_for
 
@@ -205,6 +205,9 @@ class Elastic:
         hosts = self.c.hosts(self.ns, JOB)
         assert hosts == [f"{w}-0", f"{w}-2"], hosts
         timings["worker_killed"] = self.step("worker-2 killed", 1, lambda: self.kill(f"{w}-2"))
+        # Where the tour ended, against the epochs it has: how many are needed under load.
+        last = self.run().epochs[-1].n
+        runnotes.remark(f"digits: the tour's resizes done by epoch {last} of {EPOCHS}")
         # Horovod may shrink before the kubelet reports the dead container (its relist).
         wait_for(lambda: self.c.hosts(self.ns, JOB) == [f"{w}-0"], 10, "worker-2 out of the list")
         self.finish()

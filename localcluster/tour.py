@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
-from localcluster import slowwaits
+from etoperator import naming
+from localcluster import runnotes
 from localcluster.cluster import OPERATOR_LABEL, OPERATOR_NS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,7 @@ def wait_for(
     while True:
         value = fn()
         if value:
-            slowwaits.note(what, time.monotonic() - start, timeout)
+            runnotes.slow_wait(what, time.monotonic() - start, timeout)
             return value
         if time.monotonic() > deadline:
             raise TourFailed(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
@@ -117,8 +118,9 @@ class Tour:
     kubectl: Callable[..., subprocess.CompletedProcess[str]]  # already bound to the namespace
     launcher_log: Callable[[], str]
     kill_worker: Callable[[str], object]
-    hosts: Callable[[], list[str]]
-    phase: Callable[[], str]
+    # An object's status by kind and name: what the tour polls, read as a client would (the
+    # demo's own connection); what it shows a user is kubectl's.
+    status: Callable[[str, str], dict[str, Any]]
     slow: float = 1.0  # timeout multiplier (real clusters pull images, schedule pods...)
     say: Callable[[str], None] = print
     show: bool = False  # after each step: kubectl get, the host list, the last training lines
@@ -158,18 +160,22 @@ class Tour:
     def create(self, example: str) -> None:
         self.kubectl("create", "-f", str(ROOT / "examples" / example))
 
+    def hosts(self) -> list[str]:
+        return list(self.status(naming.JOB_KIND, JOB).get("currentWorkers") or [])
+
+    def phase(self, kind: str = naming.JOB_KIND, name: str = JOB) -> str:
+        return str(self.status(kind, name).get("phase") or "")
+
     def scale(self, example: str) -> Callable[[], None]:
         """Create the example scaler; return a wait for it to report ScaleSucceeded."""
         self.create(example)
         doc = yaml.safe_load((ROOT / "examples" / example).read_text())
-        ref = f"{doc['kind'].lower()}/{doc['metadata']['name']}"
+        kind, name = doc["kind"], doc["metadata"]["name"]
 
         def settled() -> None:
             wait_for(
-                lambda: self.kubectl(
-                    "get", ref, "-o", "jsonpath={.status.phase}", check=False
-                ).stdout == "ScaleSucceeded",
-                60 * self.slow, f"{ref} to succeed", interval=0.2,
+                lambda: self.phase(kind, name) == "ScaleSucceeded",
+                60 * self.slow, f"{kind} {name} to succeed", interval=0.2,
             )  # fmt: skip
 
         return settled
@@ -216,6 +222,9 @@ class Tour:
         wait_for(
             lambda: self.hosts() == survivors, 10 * self.slow, "the killed worker out of the list"
         )
+        # Where the resizes ended, against the steps the job has: how many are needed.
+        last = max(n for n, *_ in tr.read().steps)
+        runnotes.remark(f"tour: its resizes done by step {last} of {steps}")
         self.finish(tr, steps)
         self.say(
             "transition timings (s): " + json.dumps({k: round(v, 2) for k, v in timings.items()})
@@ -248,6 +257,7 @@ class Tour:
 
 
 QUEUES = ROOT / "examples" / "kueue"
+TJ, SO = naming.JOB_KIND, naming.SCALEOUT_KIND
 
 
 @dataclass
@@ -257,17 +267,22 @@ class QueueTour:
     rolled back at its timeout."""
 
     kubectl: Callable[..., subprocess.CompletedProcess[str]]
+    status: Callable[[str, str], dict[str, Any]]  # as Tour's
     say: Callable[[str], None] = print
 
-    def get(self, kind: str, name: str, path: str) -> str:
-        out = self.kubectl("get", kind, name, "-o", f"jsonpath={path}", check=False)
-        return str(out.stdout).strip()
+    def conditions(self, kind: str, name: str) -> dict[str, str]:
+        """Each condition's message by its type."""
+        conds = self.conditions_of(kind, name)
+        return {str(c.get("type")): str(c.get("message") or "") for c in conds}
 
     def said(self, kind: str, name: str, ctype: str) -> str:
-        return self.get(kind, name, f'{{.status.conditions[?(@.type=="{ctype}")].message}}')
+        return self.conditions(kind, name).get(ctype, "")
+
+    def conditions_of(self, kind: str, name: str) -> list[dict[str, Any]]:
+        return list(self.status(kind, name).get("conditions") or [])
 
     def reach(self, kind: str, name: str, phase: str, timeout: float) -> None:
-        wait_for(lambda: self.get(kind, name, "{.status.phase}") == phase, timeout,
+        wait_for(lambda: self.status(kind, name).get("phase") == phase, timeout,
                  f"{kind} {name} {phase}", interval=0.2)  # fmt: skip
 
     def run(self) -> dict[str, float]:
@@ -279,26 +294,26 @@ class QueueTour:
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
         job["metadata"]["name"], command["command"][steps] = "queued-b", "60"
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
-        self.reach("tj", "queued-a", "Running", 180)
+        self.reach(TJ, "queued-a", "Running", 180)
         # Kueue's words, once it has looked at queued-b.
-        wait_for(lambda: "quota" in self.said("tj", "queued-b", "Queued"), 30, "queued-b waiting")
+        wait_for(lambda: "quota" in self.said(TJ, "queued-b", "Queued"), 30, "queued-b waiting")
         self.say(self.kubectl("get", "tj").stdout.rstrip())
-        self.say(f"queued-b waits: {self.said('tj', 'queued-b', 'Queued')}")
+        self.say(f"queued-b waits: {self.said(TJ, 'queued-b', 'Queued')}")
         self.kubectl("create", "-f", str(QUEUES / "scale_out.yaml"))
         more = "queued-a-more"
-        wait_for(lambda: "WaitingForQuota" in self.get("so", more, "{.status.conditions}"), 30,
+        wait_for(lambda: "WaitingForQuota" in json.dumps(self.conditions_of(SO, more)), 30,
                  "the ScaleOut waiting for quota")  # fmt: skip
-        self.say(f"ScaleOut {more}: {self.said('so', more, 'Scaling')}")
-        self.reach("so", more, "ScaleFailed", 60)  # its timeout
-        failed = self.said("so", more, "ScaleFailed")
+        self.say(f"ScaleOut {more}: {self.said(SO, more, 'Scaling')}")
+        self.reach(SO, more, "ScaleFailed", 60)  # its timeout
+        failed = self.said(SO, more, "ScaleFailed")
         check("not admitted within" in failed, f"ScaleOut {more} failed otherwise: {failed}")
         self.say(f"ScaleOut {more} rolled back: {failed}")
         # Its quota goes back as it goes: the job waiting for it is admitted.
         t0 = time.time()
         self.kubectl("delete", "tj", "queued-a", "--wait=false")
-        self.reach("tj", "queued-b", "Running", 180)
+        self.reach(TJ, "queued-b", "Running", 180)
         waited = time.time() - t0
         self.say(f"queued-a deleted; queued-b admitted and running {waited:.2f}s later")
-        self.reach("tj", "queued-b", "Succeeded", 240)
+        self.reach(TJ, "queued-b", "Succeeded", 240)
         self.say(self.kubectl("get", "tj").stdout.rstrip())
         return {"queued_job_running_after_first_ends": waited}

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from etoperator import kube, naming
-from localcluster import slowwaits
+from localcluster import runnotes
 from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
 from localcluster.hollow import HollowNodes
@@ -48,7 +48,7 @@ def wait_for(
             last = exc
         else:
             if value:
-                slowwaits.note(what, time.monotonic() - start, timeout)
+                runnotes.slow_wait(what, time.monotonic() - start, timeout)
                 return value
             last = value
         if time.monotonic() > deadline:

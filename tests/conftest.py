@@ -8,32 +8,36 @@ from typing import Any
 
 import pytest
 
-from localcluster import slowwaits
+from localcluster import runnotes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kubeconfig", default=None, help="run the real-cluster tier against it")
 
 
-SLOW_WAITS = pytest.StashKey[str]()
+RUN_NOTES = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # One file for the whole run's slow waits, made by the process that prints them; the
-    # suite's worker processes and what they start inherit its name.
-    if not os.environ.get("PYTEST_XDIST_WORKER") and slowwaits.ENV not in os.environ:
-        fd, path = tempfile.mkstemp(prefix="etoperator-slow-waits-")
+    # One file for the whole run's notes, made by the process that prints them; the suite's
+    # worker processes and what they start inherit its name.
+    if not os.environ.get("PYTEST_XDIST_WORKER") and runnotes.ENV not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="etoperator-run-notes-")
         os.close(fd)
-        os.environ[slowwaits.ENV] = path
-        config.stash[SLOW_WAITS] = path
+        os.environ[runnotes.ENV] = path
+        config.stash[RUN_NOTES] = path
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    path = config.stash.get(SLOW_WAITS, None)
+    path = config.stash.get(RUN_NOTES, None)
     if path is None:
         return
-    waits = slowwaits.read(path)
+    waits, remarks = runnotes.read(path)
     os.unlink(path)
+    if remarks:
+        terminalreporter.section("remarks")
+        for r in remarks:
+            terminalreporter.line(f"{r['remark']}  ({r['test']})")
     if waits:
         terminalreporter.section(f"{len(waits)} waits took over half their deadline")
         for w in waits[:12]:

@@ -49,8 +49,8 @@ def test_elastic_training_on_a_real_cluster(kube: tuple[str, str]) -> None:
             timeout=120,
         )
 
-    def status() -> dict[str, Any]:
-        out = kubectl("get", "trainingjob", JOB, "-o", "json", check=False)
+    def status(kind: str, name: str) -> dict[str, Any]:
+        out = kubectl("get", kind, name, "-o", "json", check=False)
         if out.returncode != 0:
             return {}
         return dict(json.loads(out.stdout).get("status") or {})
@@ -61,7 +61,6 @@ def test_elastic_training_on_a_real_cluster(kube: tuple[str, str]) -> None:
         # The worker's sshd (PID 1, which ignores SIGKILL from inside) stops: the container and
         # every training process in it die at once.
         kill_worker=lambda name: kubectl("exec", name, "--", "kill", "-TERM", "1", check=False),
-        hosts=lambda: list(status().get("currentWorkers") or []),
-        phase=lambda: str(status().get("phase") or ""),
+        status=status,
         slow=3.0,
     ).run()

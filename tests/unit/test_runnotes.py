@@ -1,4 +1,4 @@
-"""The suite's note of waits that came near their deadline."""
+"""The run's notes: waits that came near their deadline, remarks on what was measured."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import slowwaits
+from localcluster import runnotes
 from localcluster.world import Timeout, wait_for
 
 
@@ -15,13 +15,22 @@ def test_a_wait_past_half_its_deadline_is_noted_and_a_quick_one_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "waits"
-    monkeypatch.setenv(slowwaits.ENV, str(path))
+    monkeypatch.setenv(runnotes.ENV, str(path))
     wait_for(lambda: True, 1.0, "at once")
     start = time.monotonic()
     wait_for(lambda: time.monotonic() - start > 1.2, 2.0, "past 1.2 s", interval=0.05)
     with pytest.raises(Timeout):
         wait_for(lambda: False, 0.2, "never", interval=0.05)  # a failure says so itself
-    got = slowwaits.read(str(path))
+    got, remarks = runnotes.read(str(path))
     assert [w["what"] for w in got] == ["past 1.2 s"], got
     assert got[0]["took"] >= 1.2 and got[0]["timeout"] == 2.0, got
-    assert "test_slowwaits.py" in got[0]["test"], got
+    assert "test_runnotes.py" in got[0]["test"], got
+    assert remarks == []
+
+
+def test_remarks_are_kept_in_their_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "notes"
+    monkeypatch.setenv(runnotes.ENV, str(path))
+    runnotes.remark("first")
+    runnotes.remark("second")
+    assert [r["remark"] for r in runnotes.read(str(path))[1]] == ["first", "second"]
