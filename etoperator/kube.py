@@ -50,6 +50,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
 }
 # Cluster-scoped kinds read by name: kind -> (path prefix, plural).
 CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
+    "Node": ("api/v1", "nodes"),
     "ResourceFlavor": (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "resourceflavors"),
     "WorkloadPriorityClass": (
         f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}",

@@ -101,7 +101,13 @@ class Cluster(World):
         self.kubectl("cordon", *self.node_names())
 
     def release(self) -> None:
-        self.kubectl("uncordon", *self.node_names())
+        """Every node schedulable again (after each test: a kubectl process only if needed)."""
+        held = [
+            n for n in self.node_names()
+            if ((self.api.get_cluster("Node", n) or {}).get("spec") or {}).get("unschedulable")
+        ]  # fmt: skip
+        if held:
+            self.kubectl("uncordon", *held)
 
     def annotate(self, ns: str, pod: str, key: str, value: str) -> None:
         self.kubectl("annotate", "pod", "-n", ns, pod, f"{key}={value}", "--overwrite")

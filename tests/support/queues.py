@@ -3,7 +3,6 @@ ask for CPU (quota counts requests), and the Workloads read back."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
@@ -69,8 +68,7 @@ def make_queue(
 
 
 def workloads(cluster: World, ns: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", ns, "-o", "json").stdout
-    return list(json.loads(out)["items"])
+    return cluster.api.list(naming.WORKLOAD_KIND, ns)
 
 
 def live_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any]]:
