@@ -34,14 +34,16 @@ SCRIPT = textwrap.dedent(
         try:
             hvd.allreduce(torch.ones(4), name="x")
         except Exception as exc:
-            print(f"FAILED after={time.monotonic() - last:.1f} {type(exc).__name__}", flush=True)
+            print(f"FAILED after={time.monotonic() - last:.1f} at={time.time():.2f} "
+                  f"{type(exc).__name__}", flush=True)
             sys.exit(3)
     """
 )
 
 
-def _run(tmp: Path, env: dict[str, str]) -> tuple[float, str]:
-    """(seconds rank 0's allreduce waited on the frozen rank, the output)."""
+def _run(tmp: Path, env: dict[str, str]) -> tuple[float, float, str]:
+    """(seconds rank 0's allreduce waited on the frozen rank, seconds from its failure to
+    horovodrun's end, the output)."""
     script = tmp / "freeze.py"
     script.write_text(SCRIPT)
     venv = Path(sys.executable).parent
@@ -52,23 +54,26 @@ def _run(tmp: Path, env: dict[str, str]) -> tuple[float, str]:
     )  # fmt: skip
     try:
         out, _ = proc.communicate(timeout=120)
+        ended = time.time()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the frozen rank ignores everything else
         proc.wait()
-    m = re.search(r"FAILED after=([\d.]+)", out)
+    m = re.search(r"FAILED after=([\d.]+) at=([\d.]+)", out)
     assert m, out[-3000:]
-    return float(m[1]), out
+    return float(m[1]), ended - float(m[2]), out
 
 
 def test_a_frozen_rank_fails_its_peer_within_the_op_timeout(tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    waited, out = _run(tmp_path, {})
+    waited, ending, out = _run(tmp_path, {})
     assert waited < 10, f"waited {waited} s (the default op timeout is 5 s)\n{out[-2000:]}"
-    assert time.monotonic() - t0 < 60, out[-2000:]
+    # And the job ends, the frozen rank too: 11 s after the failure alone (horovodrun's grace
+    # for the ranks it terminates). Its start-up, two ranks importing torch, is no part of it:
+    # beside the suite a whole run took 63 s once, 28 s alone.
+    assert ending < 30, f"horovodrun ended {ending:.1f} s after the failure\n{out[-2000:]}"
 
 
 def test_the_op_timeout_is_the_users_to_set(tmp_path: Path) -> None:
-    waited, out = _run(tmp_path, {"HOROVOD_GLOO_OP_TIMEOUT_SECONDS": "2"})
+    waited, _, out = _run(tmp_path, {"HOROVOD_GLOO_OP_TIMEOUT_SECONDS": "2"})
     assert waited < 4.5, f"waited {waited} s with a 2 s op timeout\n{out[-2000:]}"
 
 
