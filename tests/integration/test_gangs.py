@@ -28,9 +28,8 @@ def gang_job(name: str, replicas: int, cpu: str = "900m", **spec: Any) -> dict[s
 
 
 def bound(cluster: Cluster, ns: str, name: str) -> int:
-    out = cluster.kubectl("get", "pods", "-n", ns, "-l", f"{naming.LABEL_JOB}={name},"
-                          f"{naming.LABEL_ROLE}=worker", "-o", "json").stdout  # fmt: skip
-    return sum(1 for p in json.loads(out)["items"] if p["spec"].get("nodeName"))
+    labels = naming.selector({naming.LABEL_JOB: name, naming.LABEL_ROLE: "worker"})
+    return sum(1 for p in cluster.api.list("Pod", ns, labels) if p["spec"].get("nodeName"))
 
 
 def running(cluster: Cluster, ns: str, name: str, workers: int) -> bool:
@@ -60,8 +59,8 @@ def test_two_gangs_that_fit_alone_run_whole_one_after_the_other(cluster: Cluster
     assert bound(cluster, ns, other) == 0
     cluster.wait_event(ns, other, "Unschedulable", "Warning")
     for name in (first, other):  # the Workload and PodGroup, owned by the job
-        for res in ("workloads.scheduling.k8s.io", "podgroups.scheduling.k8s.io"):
-            got = json.loads(cluster.kubectl("get", res, "-n", ns, "-o", "json").stdout)["items"]
+        for res in (naming.GANG_WORKLOAD, naming.POD_GROUP_KIND):
+            got = cluster.api.list(res, ns)
             owners = [r["name"] for o in got for r in o["metadata"]["ownerReferences"]]
             assert name in owners, (res, owners)
     cluster.finish(ns, f"{first}-launcher", 0)
