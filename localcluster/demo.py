@@ -64,10 +64,9 @@ def pid_file(d: Path) -> Path:
 def running_pid(d: Path) -> int | None:
     try:
         pid = int(pid_file(d).read_text())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid
+    return pid if _alive(pid) else None
 
 
 def preflight(args: argparse.Namespace) -> list[str]:
@@ -126,11 +125,13 @@ def down(d: Path, explicit: bool) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Running: a process that has ended but is not reaped yet (a zombie, until whatever
+    started it waits for it) is not, though signals still reach its pid."""
     try:
-        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def tour(lc: LocalCluster, results: Path | None) -> None:
