@@ -24,8 +24,11 @@ def running(cluster: Cluster, ns: str, name: str, workers: int = 2) -> None:
 def settled(
     cluster: Cluster, ns: str, kind: str, name: str, phase: str, timeout: float = 20
 ) -> dict[str, Any]:
-    """The scaler reached `phase`; its status."""
-    wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
+    """The scaler reached `phase`; its status. A timeout says what its status was."""
+    try:
+        wait_for(lambda: cluster.phase(ns, name, kind) == phase, timeout, f"{kind} {name} {phase}")
+    except Timeout as exc:
+        raise Timeout(f"{exc}\n{kind} {name}: {cluster.status(ns, name, kind)}") from None
     return cluster.status(ns, name, kind)
 
 
