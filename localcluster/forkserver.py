@@ -10,7 +10,6 @@ Nothing of etoperator's own is imported before a fork: its settings are read fro
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -20,18 +19,15 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 
-_PR_SET_PDEATHSIG = 1
+from localcluster import procs
 
 
 def _operator(argv: list[str], report: int) -> int:
     """In the child: the operator with `argv`, as `python -m etoperator.cli` runs it."""
     os.close(report)
     os.setsid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # with the server
-    level = os.nice(0)
-    if level > 0 and os.path.exists("/proc/self/autogroup"):  # a new session: weigh as before
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(level))
+    procs.die_with_parent()  # with the server
+    procs.yield_cpu(0)  # a new session: it weighs as the server did
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -16,7 +16,7 @@ from typing import Protocol
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: the kernel SIGKILLs it when the process that started it dies, so a killed
     test run or demo never leaves an apiserver or an sshd behind."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -30,7 +30,7 @@ NICE_WEIGHTS = (
 )  # fmt: skip
 
 
-def _yield_cpu(nice: int) -> None:
+def yield_cpu(nice: int) -> None:
     """In the child, in its new session: `nice` more than its parent's for it and its threads,
     and the same for its session's scheduling group where the kernel groups by session
     (autogroup): there a thread's nice counts only within its own session, so the inherited
@@ -105,8 +105,8 @@ def spawn(
     caller's `pass_fds` open in it."""
 
     def prepare() -> None:
-        _die_with_parent()
-        _yield_cpu(nice)
+        die_with_parent()
+        yield_cpu(nice)
 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
