@@ -432,7 +432,8 @@ def test_hanging_scripts_of_some_jobs_hold_up_no_other_jobs_script(
     tenth job's scripted scale still runs its script and succeeds."""
     gate = tmp_path / "gate"
     hang = tmp_path / "hang.sh"
-    hang.write_text(f"while [ ! -e {gate} ]; do sleep 0.2; done\n")
+    # A second between looks: nine of these on the suite's loaded nodes cost little.
+    hang.write_text(f"while [ ! -e {gate} ]; do sleep 1; done\n")
     quick = tmp_path / "quick.sh"
     quick.write_text(f"echo done > {tmp_path / 'quick.out'}\n")
     names = [f"hang{i}" for i in range(9)]
