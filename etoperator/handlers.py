@@ -77,6 +77,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     tainted: set[str] = set()  # nodes about to be taken away: the node watch fills it
     prober = SSHProber(port=cfg.ssh_port, timeout=cfg.ssh_timeout)
     memo.prober = prober  # its connections to workers are closed at the stop
+    memo.sweeping = asyncio.create_task(prober.sweeping())  # and those left idle, meanwhile
     reconciler = JobReconciler.build(
         kube.Kube(api),
         prober=prober,
@@ -153,6 +154,9 @@ async def stop_acting(memo: kopf.Memo) -> None:
         wait = election.duration if election is not None else LeaderElection.duration
         ended = await asyncio.get_running_loop().run_in_executor(None, gate.close, wait)
         log.info("Writes shut in %.2fs sent_ended=%s", time.monotonic() - started, ended)
+    sweeping: asyncio.Task[None] | None = getattr(memo, "sweeping", None)
+    if sweeping is not None:
+        sweeping.cancel()
     prober: SSHProber | None = getattr(memo, "prober", None)
     if prober is not None:
         prober.close()

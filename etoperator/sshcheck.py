@@ -13,6 +13,7 @@ Two questions are asked of a worker, both with the job's private key:
 
 from __future__ import annotations
 
+import asyncio
 import io
 import ipaddress
 import logging
@@ -122,8 +123,8 @@ class _Connection:
 class SSHProber:
     """Runs commands on workers over SSH. Probes of one worker with one key share a connection
     (a scale asks each second; a new connection each time was a handshake here and a new sshd
-    process there); one unused for `idle` seconds is closed at the next probe, and the oldest
-    goes once `max_open` are open."""
+    process there); one unused for `idle` seconds is closed by `sweeping` or the next probe,
+    whichever comes first, and the oldest goes once `max_open` are open."""
 
     user: str = "root"
     port: int = 22
@@ -171,17 +172,31 @@ class SSHProber:
         channel.settimeout(self.timeout)
         return channel
 
-    def _take(self, slot: tuple[str, str], key: paramiko.PKey) -> tuple[paramiko.SSHClient, bool]:
-        """The open connection for `slot`, or a new one (True); closes those left idle, and
-        the least recently used beyond `max_open`."""
+    def sweep(self) -> int:
+        """Closes the connections unused for `idle` seconds; how many."""
         now = self.now()
         with self._lock:
             idle = [s for s, c in self._open.items() if now - c.used > self.idle]
             gone = [self._open.pop(s).client for s in idle]
+        _close(gone)
+        return len(gone)
+
+    async def sweeping(self) -> None:
+        """`sweep` every third of `idle`, beside the operator: once the scales end nothing
+        probes again, and what they left open would stay open for good."""
+        while True:
+            await asyncio.sleep(self.idle / 3)
+            await asyncio.to_thread(self.sweep)
+
+    def _take(self, slot: tuple[str, str], key: paramiko.PKey) -> tuple[paramiko.SSHClient, bool]:
+        """The open connection for `slot`, or a new one (True); closes those left idle, and
+        the least recently used beyond `max_open`."""
+        self.sweep()
+        now = self.now()
+        with self._lock:
             conn = self._open.get(slot)
             if conn is not None:
                 conn.used = now
-        _close(gone)
         if conn is not None:
             return conn.client, False
         client = self._connect(slot[0], key)

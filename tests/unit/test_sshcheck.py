@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import subprocess
 import sys
@@ -238,6 +239,28 @@ def test_probes_of_a_worker_share_one_connection_until_it_breaks(
     # Another key is another connection: it must be accepted on its own.
     assert not prober.ready(IP, load_key(ssh.generate_keypair().private_openssh))
     assert connection_of(prober, key) == second
+
+
+def test_a_connection_left_idle_is_closed_with_no_probe_after_it(sshd: ssh.KeyPair) -> None:
+    """Once every scale has ended nothing probes again: the connections they left stayed open
+    for good (an sshd process on each worker, a thread here). The prober's sweep, running
+    beside the operator, closes them once idle, probe or no probe."""
+    prober = SSHProber(port=PORT, timeout=PROBE_TIMEOUT, idle=0.5)
+    key = load_key(sshd.private_openssh)
+
+    async def sweep_until_closed(server: str) -> None:
+        sweeping = asyncio.create_task(prober.sweeping())
+        try:
+            while Path(f"/proc/{server}").exists():
+                await asyncio.sleep(0.1)
+        finally:
+            sweeping.cancel()
+
+    try:
+        _, server = connection_of(prober, key)
+        asyncio.run(asyncio.wait_for(sweep_until_closed(server), 15))
+    finally:
+        prober.close()
 
 
 def test_a_connection_unused_for_a_while_is_closed(sshd: ssh.KeyPair) -> None:
