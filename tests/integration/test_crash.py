@@ -112,8 +112,8 @@ def await_consistent(c: Cluster, ns: str, expected: int, what: str) -> None:
     try:
         wait_for(lambda: consistent(c, ns, expected), 90, what, 0.25)
     except AssertionError:
-        print(f"status: {c.status(ns, JOB)}\npods: {c.pods(ns, JOB, 'worker')}")
-        print(f"hosts: {c.hosts(ns, JOB)}\nspec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
+        print(c.describe(ns, JOB))
+        print(f"spec: {c.job(ns, JOB)['spec']['etReplicaSpecs']}")
         for sc in scalers(c, ns):
             print(sc["kind"], sc["metadata"]["name"], sc.get("status"))
         raise
