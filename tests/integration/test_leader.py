@@ -86,7 +86,8 @@ def mid_scale(
 ) -> tuple[str, str]:
     """(leader, standby), once job `name` runs and its ScaleOut "grow" has frozen its plan, its
     new worker held Pending (the nodes cordoned)."""
-    leader = wait_for(lambda: holder(cluster), 20, "a leader")
+    # Two operators started (forked) beside the suite: 13 s of 20 once.
+    leader = wait_for(lambda: holder(cluster), 60, "a leader")
     (standby,) = [r for r in replicas if r != leader]
     cluster.create(job(name, replicas=2, maxReplicas=4), ns)
     running(cluster, ns, name)

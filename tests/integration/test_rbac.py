@@ -116,7 +116,8 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     wait_for(partial(blocked_by, "rbu", "SSH Secret mine"), 10)
     cluster.api.delete("Pod", ns, "rb-worker-1")
     cluster.api.delete("Service", ns, "rb-worker-1")
-    wait_for(lambda: cluster.phase(ns, "first", "ScaleOut") == "ScaleSucceeded", 30)
+    # The job's start (3 pods), then its ScaleOut's worker, on loaded nodes: 23 s of 30 once.
+    wait_for(lambda: cluster.phase(ns, "first", "ScaleOut") == "ScaleSucceeded", 90, "first")
     # A launcher Role as an older operator made it (get only): brought up to date.
     wanted = cluster.obj("Role", ns, "rb-launcher")["rules"]
     cluster.api.patch("Role", ns, "rb-launcher", {"rules": [{**wanted[0], "verbs": ["get"]}]})

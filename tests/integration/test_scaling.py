@@ -387,7 +387,7 @@ def test_scaler_script_runs_on_the_launcher_with_values_as_given(
     tricky = "it's $(touch /tmp/etoperator-pwned) `id` ; rm -rf /"
     manifest["spec"].update(script=str(hook), env=[{"name": "GREETING", "value": tricky}])
     cluster.create(manifest, ns)
-    settled(cluster, ns, SO, "hooked", "ScaleSucceeded")
+    settled(cluster, ns, SO, "hooked", "ScaleSucceeded", 60)  # two workers: 12 s of 20 once
     # The script ran once, with the scaler's own pods as one argument and the value verbatim.
     assert out.read_text().splitlines() == [tricky, "hook-worker-1:1,hook-worker-2:1"]
     cond = cluster.condition(ns, "hooked", "ScriptExecuted", SO)
