@@ -33,14 +33,10 @@ def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, 
     """A job whose launcher runs the example under horovodrun, its workers the image's sshd."""
     body = job(name, replicas, **spec)
     roles = body["spec"]["etReplicaSpecs"]
-    # These tests are about when ranks join and leave, not how fast they train: a step every
-    # 0.2 s and Horovod's background cycle at 5 ms (1 by default) keep two ranks at about a
-    # quarter of a core instead of 60 % (measured on this machine), the rest left to the suite.
-    # A commit every 2 steps sees a host-list change as soon as 5 steps of 0.05 s did.
     roles["launcher"]["template"]["spec"]["containers"][0]["command"] = [
         "horovodrun", "-np", str(replicas), "--min-np", "1", "--max-np", "4",
-        "--host-discovery-script", "/etc/edl/discover_hosts.sh", "--cycle-time-ms", "5",
-        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.2", "--commit-every", "2",
+        "--host-discovery-script", "/etc/edl/discover_hosts.sh",
+        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.05",
     ]  # fmt: skip
     roles["worker"]["template"] = {
         "spec": {"containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never"}]}
@@ -104,7 +100,14 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
         print(f"gap {gap} s: the ScaleIn took {took:.1f} s")
         assert cluster.status(ns, shrink, "ScaleIn")["toDeletePods"] == added
         assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, "killed busy"
-        assert took < 30, f"gap {gap} s: the ScaleIn took {took:.0f} s of its 60 s timeout"
+        # Over 30 s, what Horovod said meanwhile tells why (its resets, rendezvous, exits).
+        horovod = [
+            ln for ln in cluster.pod_log(ns, "race-launcher").splitlines() if "STEP" not in ln
+        ]
+        assert took < 30, (
+            f"gap {gap} s: the ScaleIn took {took:.0f} s of its 60 s timeout; the launcher's "
+            "own lines:\n" + "\n".join(horovod[-40:])
+        )
         # The job's phase is written in the pass after the scaler's end.
         wait_for(lambda: cluster.phase(ns, "race") in ("Running", "Failed"), 10, "Running")
         assert cluster.phase(ns, "race") == "Running", cluster.pod_log(ns, "race-launcher")
