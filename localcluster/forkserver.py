@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from localcluster import procs
 
 
-def _operator(argv: list[str], report: int) -> int:
-    """In the child: the operator with `argv`, as `python -m etoperator.cli` runs it."""
+def _operator(argv: list[str], report: int, ready: int) -> int:
+    """In the child: the operator with `argv`, as `python -m etoperator.cli` runs it. `ready`
+    is closed once its session is made: the pid is told only then, so that a kill at once
+    reaches its process group."""
     os.close(report)
     os.setsid()
+    os.close(ready)
     procs.die_with_parent()  # with the server
     procs.yield_cpu(0)  # a new session: it weighs as the server did
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -42,11 +45,13 @@ def serve(report: int) -> None:
     kernel (the caller watches them through pidfds)."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     for line in sys.stdin:
+        wait, ready = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                code = _operator(json.loads(line), report)
+                os.close(wait)
+                code = _operator(json.loads(line), report, ready)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:
@@ -55,6 +60,9 @@ def serve(report: int) -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(ready)
+        os.read(wait, 1)  # its end of the pipe closed: its session made (or it ended)
+        os.close(wait)
         os.write(report, f"{pid}\n".encode())
 
 

@@ -143,7 +143,9 @@ def stop(proc: Process | None, grace: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    except ProcessLookupError:
+    except ProcessLookupError:  # no such group: the process alone, if it is still there
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
 
 

@@ -86,3 +86,16 @@ def test_another_environment_is_another_server_and_stop_ends_both(
     operator.stop()
     gone(pid)
     gone(now)
+
+
+def test_an_operator_stopped_as_soon_as_started_stops(operator: OperatorProcess) -> None:
+    """The server told the pid before its child had made its own session: a stop at once met
+    no process group (ProcessLookupError) and waited for an end that never came (a whole CI
+    run hung so). The pid is told once the session is made."""
+    for _ in range(20):
+        operator.start()
+        proc = operator.proc
+        assert proc is not None
+        assert os.getpgid(proc.pid) == proc.pid, "told before its session was made"
+        operator.kill()
+        gone(proc.pid)
