@@ -100,19 +100,23 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
         print(f"gap {gap} s: the ScaleIn took {took:.1f} s")
         assert cluster.status(ns, shrink, "ScaleIn")["toDeletePods"] == added
         assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, "killed busy"
-        # Over 30 s, what Horovod said meanwhile tells why (its resets, rendezvous, exits).
-        horovod = [
-            ln for ln in cluster.pod_log(ns, "race-launcher").splitlines() if "STEP" not in ln
-        ]
+        # Over 30 s, what Horovod said meanwhile tells why (read only then: its resets,
+        # rendezvous and exits).
         assert took < 30, (
             f"gap {gap} s: the ScaleIn took {took:.0f} s of its 60 s timeout; the launcher's "
-            "own lines:\n" + "\n".join(horovod[-40:])
+            f"own lines:\n{launcher_lines(cluster, ns, 'race')}"
         )
         # The job's phase is written in the pass after the scaler's end.
         wait_for(lambda: cluster.phase(ns, "race") in ("Running", "Failed"), 10, "Running")
         assert cluster.phase(ns, "race") == "Running", cluster.pod_log(ns, "race-launcher")
     since = time.time()
     wait_for(lambda: tr.first_step_at(2, since), 60, "training on at size 2", interval=0.5)
+
+
+def launcher_lines(cluster: Cluster, ns: str, job: str, last: int = 40) -> str:
+    """The launcher's last lines of its own (horovodrun's), the training steps left out."""
+    lines = cluster.pod_log(ns, f"{job}-launcher").splitlines()
+    return "\n".join([ln for ln in lines if "STEP" not in ln][-last:])
 
 
 def slow_to_start(body: dict[str, Any], host: str, seconds: int) -> dict[str, Any]:
