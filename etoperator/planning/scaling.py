@@ -72,8 +72,8 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
     if outside:
         return wait_for_horovod(d, sc, m, outside)
     if ensure_script_ran(d, sc, new):
-        trains = ": Horovod trains on them" if horovod else " to the host list"
-        finish_scale(d, sc, f"added {', '.join(new)}{trains}")
+        joined = ": Horovod has taken them in" if horovod else " to the host list"
+        finish_scale(d, sc, f"added {', '.join(new)}{joined}")
     return m
 
 

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.integration
 TRAIN = "/opt/etoperator/examples/elastic_train.py"
 # Seconds between a ScaleOut's success and a ScaleIn of the worker it added.
 GAPS = (0, 1, 2, 3, 5, 10)
+# A ScaleIn's timeout in the back-to-back test: well past the slowest drain seen beside the
+# suite (37 s), so that only a host-list change Horovod lost (waiting forever) meets it.
+DRAIN_TIMEOUT = 120
 # A joining worker's start in the slow-start test: past Horovod's own Gloo rendezvous timeout
 # (30 s), as a first import of torch on a busy node or a slow CUDA init can be.
 SLOW_START = 40
@@ -81,9 +84,12 @@ def worker_nodes(cluster: Cluster, ns: str, name: str) -> list[str] | None:
 def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster, ns: str) -> None:
     """The README's commands back to back: a ScaleOut, then a ScaleIn by count (its victim the
     worker just added) 0 to 10 s after the ScaleOut succeeded. The ScaleOut succeeds only once
-    Horovod trains on the new worker, so the ScaleIn never meets a worker horovodrun is still
-    starting (deleted under it: the job failed) nor a reset that loses its host-list change
-    (the drain waited out its timeout, then killed the worker mid-training)."""
+    Horovod has taken the new worker in, so the ScaleIn never meets a worker horovodrun is
+    still starting (deleted under it: the job failed) nor a reset that loses its host-list
+    change (the drain waited out its timeout, then killed the worker mid-training). How long
+    the drain takes is Horovod's: the new rank syncs before it can be dropped, 2-10 s alone
+    and up to 40 s beside the suite (its optimizer's first use imports PyTorch's compiler
+    stack), so the timeout is long and only a lost change meets it."""
     cluster.create(horovod_job("race", 2, steps=1_000_000, maxReplicas=4), ns)
     tr = training(cluster, ns, "race")
     wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
@@ -94,17 +100,15 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
         added = cluster.status(ns, grow, "ScaleOut")["addPods"]
         time.sleep(gap)  # the scenario's gap, not a wait for anything
         asked = time.monotonic()
-        cluster.create(scalein(shrink, "race", count=1, timeout=60), ns)
-        settled(cluster, ns, "ScaleIn", shrink, "ScaleSucceeded", 70)
-        took = time.monotonic() - asked
-        print(f"gap {gap} s: the ScaleIn took {took:.1f} s")
+        cluster.create(scalein(shrink, "race", count=1, timeout=DRAIN_TIMEOUT), ns)
+        settled(cluster, ns, "ScaleIn", shrink, "ScaleSucceeded", DRAIN_TIMEOUT + 30)
+        print(f"gap {gap} s: the ScaleIn took {time.monotonic() - asked:.1f} s")
         assert cluster.status(ns, shrink, "ScaleIn")["toDeletePods"] == added
-        assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, "killed busy"
-        # Over 30 s, what Horovod said meanwhile tells why (read only then: its resets,
-        # rendezvous and exits).
-        assert took < 30, (
-            f"gap {gap} s: the ScaleIn took {took:.0f} s of its 60 s timeout; the launcher's "
-            f"own lines:\n{launcher_lines(cluster, ns, 'race')}"
+        # A drain that met its timeout: Horovod never let go (what it said meanwhile, read
+        # only then, tells why: its resets, rendezvous and exits).
+        assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, (
+            f"gap {gap} s: killed busy; the launcher's own lines:\n"
+            f"{launcher_lines(cluster, ns, 'race')}"
         )
         # The job's phase is written in the pass after the scaler's end.
         wait_for(lambda: cluster.phase(ns, "race") in ("Running", "Failed"), 10, "Running")
