@@ -19,7 +19,7 @@ from tests.support.waits import settled
 pytestmark = pytest.mark.integration
 TRAIN = "/opt/etoperator/examples/elastic_train.py"
 # Seconds between a ScaleOut's success and a ScaleIn of the worker it added.
-GAPS = (0, 1, 2, 3, 5, 10)
+GAPS = (0, 1, 2, 5, 10)
 # A ScaleIn's timeout in the back-to-back test: well past the slowest drain seen beside the
 # suite (37 s), so that only a host-list change Horovod lost (waiting forever) meets it.
 DRAIN_TIMEOUT = 120
@@ -36,10 +36,14 @@ def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, 
     """A job whose launcher runs the example under horovodrun, its workers the image's sshd."""
     body = job(name, replicas, **spec)
     roles = body["spec"]["etReplicaSpecs"]
+    # These tests are about when ranks join and leave, not how fast they train: a step every
+    # 0.2 s and Horovod's background cycle at 5 ms (1 by default) keep two ranks at about a
+    # quarter of a core instead of 60 % (measured here), the rest left to the suite. A commit
+    # every 2 steps sees a host-list change as soon as 5 steps of 0.05 s did.
     roles["launcher"]["template"]["spec"]["containers"][0]["command"] = [
         "horovodrun", "-np", str(replicas), "--min-np", "1", "--max-np", "4",
-        "--host-discovery-script", "/etc/edl/discover_hosts.sh",
-        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.05",
+        "--host-discovery-script", "/etc/edl/discover_hosts.sh", "--cycle-time-ms", "5",
+        "python3", TRAIN, "--steps", str(steps), "--step-sleep", "0.2", "--commit-every", "2",
     ]  # fmt: skip
     roles["worker"]["template"] = {
         "spec": {"containers": [{"name": "worker", "image": IMAGE, "imagePullPolicy": "Never"}]}
