@@ -13,7 +13,7 @@ from pathlib import Path
 from etoperator import kube
 from localcluster.cluster import LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
-from localcluster.manifests import EXIT_FILE, REFUSED_KEYS
+from localcluster.manifests import EXIT_FILE, GATE_PID, REFUSED_KEYS
 from localcluster.world import (
     ROOT,
     Chain,
@@ -76,10 +76,12 @@ class Cluster(World):
 
     def finish(self, ns: str, name: str, code: int = 0) -> None:
         """The pod's container ends with exit code `code` (Succeeded for 0, else Failed). The
-        container may end before the exec's stream does (its gate polls every 0.1 s): the exec
-        then reads as killed, and the container's own end is what counts."""
+        container may end before the exec's stream does (its gate ends at the signal): the
+        exec then reads as killed, and the container's own end is what counts."""
         done = self.exec(ns, name, "sh", "-c", f"echo {int(code)} > {EXIT_FILE}.new && "
-                         f"mv {EXIT_FILE}.new {EXIT_FILE}", check=False)  # fmt: skip
+                         f"mv {EXIT_FILE}.new {EXIT_FILE} && "
+                         f"{{ ! [ -e {GATE_PID} ] || kill -USR1 \"$(cat {GATE_PID})\"; }}",
+                         check=False)  # fmt: skip
         if done.returncode != 0:
             wait_for(lambda: self.exit_code(ns, name) is not None, 10, f"{name} ended")
             assert self.exit_code(ns, name) == code, done.stderr
