@@ -90,12 +90,18 @@ TRANSITION_TIMEOUT = 180
 FRAME = re.compile(r'^(\[\d+\]<std\w+>:)?\s+(File "|\^+$|\S.*\)$)')
 
 
+def own_lines(log: str, last: int = 30) -> list[str]:
+    """A launcher's last lines of its own (horovodrun's: its resets, rendezvous and exits),
+    the training steps and traceback frames left out."""
+    lines = log.splitlines()
+    return [line for line in lines if not STEP.search(line) and not FRAME.search(line)][-last:]
+
+
 def scene(kubectl: Callable[..., str], log: str) -> str:
     """What a failed step leaves to read: the objects, the namespace's last events, the
     operator's last words, and the launcher's own lines (horovodrun's, not the steps)."""
-    lines = log.splitlines()
-    own = [line for line in lines if not STEP.search(line) and not FRAME.search(line)][-30:]
-    steps = [line for line in lines if STEP.search(line)][-3:]
+    own = own_lines(log)
+    steps = [line for line in log.splitlines() if STEP.search(line)][-3:]
     events = kubectl("get", "events", "--sort-by=.lastTimestamp").splitlines()[-25:]
     operator = kubectl(
         "logs", "-n", OPERATOR_NS, "-l", OPERATOR_LABEL,

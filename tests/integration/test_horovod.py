@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from localcluster.manifests import IMAGE, job, scalein, scaleout
-from localcluster.tour import Training
+from localcluster.tour import Training, own_lines
 from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
 from tests.support.waits import settled
@@ -112,19 +112,13 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
         # only then, tells why: its resets, rendezvous and exits).
         assert cluster.condition(ns, shrink, "DrainTimeout", "ScaleIn") is None, (
             f"gap {gap} s: killed busy; the launcher's own lines:\n"
-            f"{launcher_lines(cluster, ns, 'race')}"
+            + "\n".join(own_lines(cluster.pod_log(ns, "race-launcher"), 40))
         )
         # The job's phase is written in the pass after the scaler's end.
         wait_for(lambda: cluster.phase(ns, "race") in ("Running", "Failed"), 10, "Running")
         assert cluster.phase(ns, "race") == "Running", cluster.pod_log(ns, "race-launcher")
     since = time.time()
     wait_for(lambda: tr.first_step_at(2, since), 60, "training on at size 2", interval=0.5)
-
-
-def launcher_lines(cluster: Cluster, ns: str, job: str, last: int = 40) -> str:
-    """The launcher's last lines of its own (horovodrun's), the training steps left out."""
-    lines = cluster.pod_log(ns, f"{job}-launcher").splitlines()
-    return "\n".join([ln for ln in lines if "STEP" not in ln][-last:])
 
 
 def slow_to_start(body: dict[str, Any], host: str, seconds: int) -> dict[str, Any]:
