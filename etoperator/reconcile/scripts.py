@@ -22,12 +22,16 @@ from etoperator.reconcile.state import Writes, job_id
 log = logging.getLogger(__name__)
 
 # Run on the launcher as `sh -c RECORDED etoperator-script <record> <argv...>`: a fixed script;
-# the scaler's values arrive as arguments, never parsed by it. It keeps the run's pid and, once
-# it ends, its exit code where an operator that lost the exec stream (it restarted) reads them.
+# the scaler's values arrive as arguments, never parsed by it. The script runs in a subshell of
+# its own, its output to a file: when the operator dies, the apiserver closes the exec stream
+# and the runtime kills the exec's process (this wrapper), but the script runs on and records
+# its exit code where the next operator reads it. Without a writable directory, it runs as is.
 _DIR = 'd="${TMPDIR:-/tmp}"; [ -w "$d" ] || d=/dev/shm; d="$d/etoperator-scripts/$1"; '
 RECORDED = (
-    _DIR + 'shift; mkdir -p "$d" 2>/dev/null && echo $$ > "$d/pid"; "$@"; c=$?; '
-    'echo "$c" > "$d/exit.part" 2>/dev/null && mv "$d/exit.part" "$d/exit"; exit "$c"'
+    _DIR + 'shift; if mkdir -p "$d" 2>/dev/null && : > "$d/out" 2>/dev/null; then '
+    '( "$@" > "$d/out" 2>&1 < /dev/null; c=$?; echo "$c" > "$d/exit.part"; '
+    'mv "$d/exit.part" "$d/exit"; exit "$c" ) & echo $! > "$d/pid"; wait $!; c=$?; '
+    'cat "$d/out"; exit "$c"; fi; "$@"'
 )
 # Prints `exit <code>` for a run that ended, `running` while it runs, `unknown` otherwise.
 RECORD = (
