@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from etoperator import kube
 from localcluster.cluster import LocalCluster, OperatorProcess
 from localcluster.controlplane import ControlPlane
@@ -44,15 +46,15 @@ def start_cluster(
     tmp: Path, nodes: int, extra: list[str] | None = None, kueue: bool = False
 ) -> Cluster:
     """The real control plane, real nodes (and Kueue), and the operator as a process of this
-    machine under its deploy/ RBAC, reaching the apiserver through a fault proxy
-    (tests/faultproxy.py) and the pods over the nodes' network, as it would from inside the
-    cluster."""
+    machine under its deploy/ RBAC, reaching the apiserver directly (or through a fault proxy,
+    tests/faultproxy.py, for the tests that ask: `Cluster.route`) and the pods over the nodes'
+    network, as it would from inside the cluster."""
     local = LocalCluster(tmp, nodes=nodes, operator_args=list(extra or []), kueue=kueue)
     try:
         local.start(operator=False)
         assert local.cp is not None
         proxy = FaultProxy(local.cp).start()
-        operator = local.start_operator(proxy.url, warm=True)  # tests restart it often
+        operator = local.start_operator(warm=True)  # tests restart it often
     except BaseException:
         local.stop()
         raise
@@ -71,8 +73,31 @@ class Cluster(World):
 
     cp: ControlPlane
     operator: OperatorProcess
-    proxy: FaultProxy
+    fault_proxy: FaultProxy
     ssh_port: int = 22
+    proxied: bool = False  # the operator's requests pass the fault proxy
+
+    @property
+    def proxy(self) -> FaultProxy:
+        """The fault proxy, for a test whose operator reaches the apiserver through it."""
+        assert self.proxied, "the operator reaches the apiserver directly: mark the test `faults`"
+        return self.fault_proxy
+
+    def route(self, proxied: bool) -> None:
+        """The operator's requests through the fault proxy or straight to the apiserver, the
+        operator restarted if that changes. The proxy is Python relaying every byte of every
+        watch, TLS both ways: over half of a test process's CPU, spent only where a test
+        injects faults."""
+        if proxied == self.proxied:
+            return
+        self.operator.kill()
+        path = self.operator.kubeconfig
+        cfg = yaml.safe_load(path.read_text())
+        server = self.fault_proxy.url if proxied else self.cp.url
+        cfg["clusters"][0]["cluster"]["server"] = server
+        path.write_text(yaml.safe_dump(cfg))
+        self.proxied = proxied
+        self.operator.start()
 
     def finish(self, ns: str, name: str, code: int = 0) -> None:
         """The pod's container ends with exit code `code` (Succeeded for 0, else Failed). The

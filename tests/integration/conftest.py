@@ -27,6 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    # Through the fault proxy only for the tests marked `faults` (those that inject them).
+    cluster.route(request.node.get_closest_marker("faults") is not None)
     name = cluster.new_namespace()
     since = cluster.operator.logged()  # earlier tests' restarts would fill the tail
     yield name
@@ -39,8 +41,8 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     cluster.release()  # a test that failed while holding pods must not hold the next one's
     # Nor leave a fault armed or the operator down: one test killed it after it had failed
     # (its crash still armed), and every later test of its half waited on no operator.
-    crash = cluster.proxy.disarm()
-    cluster.proxy.clear()
+    crash = cluster.fault_proxy.disarm()
+    cluster.fault_proxy.clear()
     if crash is not None and crash.fired:
         crash.killed.wait(30)
     if not cluster.operator.alive():

@@ -63,6 +63,7 @@ def test_a_quiet_job_costs_no_request(cluster: Cluster, ns: str) -> None:
     assert cluster.phase(ns, "quiet") == "Running"
 
 
+@pytest.mark.faults
 def test_a_cache_behind_the_server_is_waited_out(cluster: Cluster, ns: str) -> None:
     cluster.create(job("behind", replicas=2, maxReplicas=4), ns)
     running(cluster, ns, "behind")
@@ -88,6 +89,7 @@ def test_a_cache_behind_the_server_is_waited_out(cluster: Cluster, ns: str) -> N
     assert cluster.status(ns, "behind")["lastWorkerIndex"] == 2
 
 
+@pytest.mark.faults
 def test_a_host_list_write_the_cache_has_not_shown_yet_is_known_without_it(
     cluster: Cluster, ns: str
 ) -> None:
@@ -128,6 +130,7 @@ def audit_caught_up(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: any(marker in str(e.get("requestURI")) for e in cluster.cp.audit()), 10)
 
 
+@pytest.mark.faults
 def test_a_pod_found_existing_is_not_asked_for_again_while_the_cache_lags(
     cluster: Cluster, ns: str
 ) -> None:

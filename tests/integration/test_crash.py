@@ -19,7 +19,7 @@ from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 SO, SI = "ScaleOut", "ScaleIn"
 JOB = "cc"
 

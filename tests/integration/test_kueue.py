@@ -183,6 +183,7 @@ def test_admission_places_pods_on_the_flavor_s_nodes(cluster: Cluster, ns: str) 
         cluster.kubectl("label", "node", node, f"pool-{ns}-")
 
 
+@pytest.mark.faults
 def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     cluster: Cluster, ns: str
 ) -> None:

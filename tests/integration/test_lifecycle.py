@@ -252,6 +252,7 @@ def test_a_namespace_going_away_takes_its_jobs_without_a_word(cluster: Cluster) 
     assert seen <= {"Running"}, seen
 
 
+@pytest.mark.faults
 def test_workers_start_while_the_launchers_rbac_is_made(cluster: Cluster, ns: str) -> None:
     """The apiserver makes a Role or a RoleBinding slowly where a namespace holds many (it
     lists every binding there to rule out an escalation: 0.2 s each with 150 jobs, over 1 s at

@@ -216,6 +216,7 @@ def test_operator_restart_converges_without_duplicates(cluster: Cluster, ns: str
     assert cluster.pods(ns, "rst") == ["rst-launcher", "rst-worker-0", "rst-worker-1"]
 
 
+@pytest.mark.faults
 def test_a_watch_answer_cut_mid_event_is_watched_again(cluster: Cluster, ns: str) -> None:
     """A proxy between the operator and the apiserver ends a watch answer cleanly in the middle
     of an event (as one may when the apiserver broke its own answer): the operator watches
@@ -335,6 +336,7 @@ def test_discovery_follows_changes_from_one_watch(
         shutil.rmtree(etc)
 
 
+@pytest.mark.faults
 def test_a_refused_write_is_reported_not_retried_silently(cluster: Cluster, ns: str) -> None:
     """Whatever the apiserver refuses (here every worker create, as an admission webhook or a
     quota might) shows on the job as a Blocked condition with the server's words and a Warning

@@ -522,9 +522,11 @@ def test_failing_scaler_script_is_reported(cluster: Cluster, ns: str) -> None:
     cluster.wait_event(ns, "badhook", "ScriptFailed")
 
 
+@pytest.mark.faults
 def test_a_scaler_script_that_cannot_start_says_why(cluster: Cluster, ns: str) -> None:
-    """An exec refused before it ran (here its URL is too long for the server in front of
-    the kubelet) was told as "script exited -1"."""
+    """An exec refused before it ran was told as "script exited -1". Here its URL is too long
+    for the server in front of the apiserver (the fault proxy's 8 KB request line, as a load
+    balancer's may be; the apiserver itself takes up to 1 MB)."""
     cluster.create(job("hooknorun", replicas=2), ns)
     running(cluster, ns, "hooknorun")
     manifest = scalein("bigenv", "hooknorun", count=1)
@@ -541,6 +543,7 @@ def test_a_scaler_script_that_cannot_start_says_why(cluster: Cluster, ns: str) -
     assert any(w in why for w in said), cond
 
 
+@pytest.mark.faults
 def test_a_scaler_script_whose_exec_got_no_answer_runs_once_more(
     cluster: Cluster, ns: str, tmp_path: Path
 ) -> None:
@@ -563,6 +566,7 @@ def test_a_scaler_script_whose_exec_got_no_answer_runs_once_more(
     assert out.read_text().splitlines() == ["hookdrop-worker-1:1"]
 
 
+@pytest.mark.faults
 def test_conflicts_mid_scale_never_scale_twice(cluster: Cluster, ns: str) -> None:
     cluster.create(job("cf", replicas=2, maxReplicas=6), ns)
     running(cluster, ns, "cf")
