@@ -33,11 +33,17 @@ class Timeout(AssertionError):
 
 
 def wait_for(
-    fn: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.1
+    fn: Callable[[], T],
+    timeout: float = 20.0,
+    what: str = "condition",
+    interval: float | None = None,
 ) -> T:
     """Poll `fn` until it returns something truthy; fail with the last value after `timeout`.
-    Each poll is requests to an apiserver the suite's other processes share: a tenth of a
-    second between them, unless a test times something finer."""
+    Each poll is requests to an apiserver the suite's other processes share. By default a
+    tenth of a second between them at first, then a tenth of the time waited so far (up to
+    0.3 s): a wait past its first seconds waits on pods and processes, seconds each, and
+    polled as often it was a sixth of the suite's requests. A test that times something
+    finer passes its `interval`."""
     start = time.monotonic()
     deadline = start + timeout
     last: object = None
@@ -51,9 +57,10 @@ def wait_for(
                 runnotes.slow_wait(what, time.monotonic() - start, timeout)
                 return value
             last = value
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise Timeout(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
+        time.sleep(interval if interval is not None else min(0.3, max(0.1, (now - start) / 10)))
 
 
 def start_hollow(
