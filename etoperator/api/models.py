@@ -359,6 +359,11 @@ class ScalerSpec:
     created: str
 
 
+# The longest argument Linux passes to a program, its NUL included (32 pages of 4 KiB): the
+# scaler's variables reach its script as `env NAME=value` arguments.
+MAX_ARG_STRLEN = 131072
+
+
 def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
     """A defaulted ScalerSpec from a ScaleOut or ScaleIn body; InvalidSpec says what is wrong."""
     meta = body.get("metadata", {})
@@ -381,6 +386,12 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
             raise InvalidSpec(f"spec.env[{i}].name {ename!r} is not a valid variable name")
         if not isinstance(value, str) or "\0" in value:
             raise InvalidSpec(f"spec.env[{i}].value must be a string without NUL bytes")
+        size = len(f"{ename}={value}".encode())
+        if size >= MAX_ARG_STRLEN:
+            raise InvalidSpec(
+                f"spec.env[{i}] ({ename}) is {size} bytes: the script gets it as one argument, "
+                f"and Linux takes at most {MAX_ARG_STRLEN - 1} bytes in one"
+            )
         env.append((ename, value))
     count: int | None = None
     pod_names: tuple[str, ...] | None = None

@@ -251,6 +251,12 @@ OPERATOR: dict[str, tuple[Manifest, str, str, str]] = {
             "env": [{"name": "A=B", "value": "x"}]}},
         "ScaleFailed", "InvalidSpec", "not a valid variable name",
     ),
+    "a variable too long for one argument": (
+        scaleout("envbig", BYSTANDER, 1) | {"spec": {
+            "selector": {"name": BYSTANDER}, "toAdd": {"count": 1}, "script": "/bin/true",
+            "env": [{"name": "BIG", "value": "x" * 200_000}]}},
+        "ScaleFailed", "InvalidSpec", "Linux takes at most 131071 bytes",
+    ),
     "a pod name that is no name": (
         scalein("upper", BYSTANDER, pod_names=["UPPER;rm -rf /"]),
         "ScaleFailed", "InvalidSpec", "invalid pod name",

@@ -530,7 +530,7 @@ def test_a_scaler_script_that_cannot_start_says_why(cluster: Cluster, ns: str) -
     cluster.create(job("hooknorun", replicas=2), ns)
     running(cluster, ns, "hooknorun")
     manifest = scalein("bigenv", "hooknorun", count=1)
-    manifest["spec"].update(script="/bin/true", env=[{"name": "BIG", "value": "x" * 200_000}])
+    manifest["spec"].update(script="/bin/true", env=[{"name": "BIG", "value": "x" * 30_000}])
     cluster.create(manifest, ns)
     settled(cluster, ns, SI, "bigenv", "ScaleSucceeded")
     cond = wait_for(lambda: cluster.condition(ns, "bigenv", "ScriptExecuted", SI), 20, "told")

@@ -184,6 +184,17 @@ def test_parse_scaler_refuses(manifest: dict[str, Any], needle: str) -> None:
         parse_scaler(manifest["kind"], manifest)
 
 
+def test_a_variable_longer_than_one_argument_may_be_is_refused() -> None:
+    """The script's variables reach it as `env NAME=value` arguments: Linux refuses one over
+    128 KiB (MAX_ARG_STRLEN, its NUL counted), and the script would never start."""
+    m = scaleout("s", "j", 1)
+    m["spec"].update(script="/s.sh", env=[{"name": "BIG", "value": "é" * 65534}])  # 131068 B
+    with pytest.raises(InvalidSpec, match=r"spec.env\[0\] \(BIG\) is 131072 bytes"):
+        parse_scaler("ScaleOut", m)
+    m["spec"]["env"] = [{"name": "BIG", "value": "x" * 131067}]  # BIG=... and its NUL: 128 KiB
+    assert parse_scaler("ScaleOut", m).env[0][1] == "x" * 131067
+
+
 def test_scaler_env_and_script() -> None:
     m = scaleout("s", "j", 1)
     m["spec"].update(script="/scripts/notify.sh", env=[{"name": "A", "value": "x y"}])
