@@ -29,6 +29,12 @@ from typing import IO
 
 import horovod.torch as hvd
 import torch
+
+# Making the first optimizer imports PyTorch's compiler stack (torch._dynamo: 2-3 s of CPU, far
+# more on a busy node). Imported here, before hvd.init(): a rank joining a running job pays it
+# before its rendezvous while the ranks already training go on (after it, they would wait for
+# it in their first sync).
+import torch._dynamo
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split

@@ -15,6 +15,12 @@ import time
 
 import horovod.torch as hvd
 import torch
+
+# Making the first optimizer imports PyTorch's compiler stack (torch._dynamo: 2-3 s of CPU, far
+# more on a busy node). Imported here, before hvd.init(): a rank joining a running job pays it
+# before its rendezvous while the ranks already training go on (after it, they would wait for
+# it in their first sync).
+import torch._dynamo
 import torch.nn.functional as F
 
 FEATURES, CLASSES = 32, 4

@@ -154,10 +154,12 @@ def test_a_worker_slow_to_start_joins_and_the_job_trains_on(cluster: Cluster, ns
         )  # fmt: skip
     except Timeout as exc:
         raise AssertionError(cluster.pod_log(ns, "slow-launcher")[-3000:]) from exc
-    assert cluster.phase(ns, "slow") == "Running", cluster.pod_log(ns, "slow-launcher")[-3000:]
+    # Still Scaling, or Running: Horovod may train at 3 before the operator has seen it join.
+    assert cluster.phase(ns, "slow") != "Failed", cluster.pod_log(ns, "slow-launcher")[-3000:]
     took = time.time() - asked
     assert took >= SLOW_START, f"training at 3 after {took:.0f} s: the start was not slow"
     said = settled(cluster, ns, "ScaleOut", "grow", "ScaleSucceeded", 30)
+    wait_for(lambda: cluster.phase(ns, "slow") == "Running", 10, "the job Running again")
     assert said["addPods"] == ["slow-worker-2"] and "slow-worker-2" in cluster.hosts(ns, "slow")
     waited = [
         e for e in cluster.events(ns, "grow") if f"past the {SLOW_TIMEOUT}s timeout" in e["message"]
