@@ -21,7 +21,8 @@ TRAIN = "/opt/etoperator/examples/elastic_train.py"
 # Seconds between a ScaleOut's success and a ScaleIn of the worker it added.
 GAPS = (0, 1, 2, 5, 10)
 # A ScaleIn's timeout in the back-to-back test: well past the slowest drain seen beside the
-# suite (37 s), so that only a host-list change Horovod lost (waiting forever) meets it.
+# suite (37 s, a joining rank importing PyTorch's compiler stack after its rendezvous), so that
+# only a host-list change Horovod lost (waiting forever) meets it.
 DRAIN_TIMEOUT = 120
 # A joining worker's start in the slow-start test: past Horovod's own Gloo rendezvous timeout
 # (30 s), as a first import of torch on a busy node or a slow CUDA init can be.
@@ -91,9 +92,10 @@ def test_a_scale_in_right_after_a_scale_out_never_fails_the_job(cluster: Cluster
     Horovod has taken the new worker in, so the ScaleIn never meets a worker horovodrun is
     still starting (deleted under it: the job failed) nor a reset that loses its host-list
     change (the drain waited out its timeout, then killed the worker mid-training). How long
-    the drain takes is Horovod's: the new rank syncs before it can be dropped, 2-10 s alone
-    and up to 40 s beside the suite (its optimizer's first use imports PyTorch's compiler
-    stack), so the timeout is long and only a lost change meets it."""
+    the drain takes is Horovod's: the new rank syncs before it can be dropped (1.5-3 s alone;
+    10-40 s beside the suite before the example imported PyTorch's compiler stack ahead of
+    `hvd.init()`, as a user's script may not), so the timeout is long and only a lost change
+    meets it."""
     cluster.create(horovod_job("race", 2, steps=1_000_000, maxReplicas=4), ns)
     tr = training(cluster, ns, "race")
     wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
