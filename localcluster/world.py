@@ -2,8 +2,8 @@
 `World` reads and writes the world as a client would, in three shapes on the real control
 plane: `Chain` (real nodes, the operator deployed from deploy/), `Hollow` (kubemark's hollow
 nodes and the operator as a process: thousands of pods that run nothing), and the tests'
-`Cluster` (tests/harness.py: real nodes, the operator behind a fault proxy). `wait_for` polls
-a condition with a deadline."""
+`Cluster` (tests/harness.py: real nodes, the operator direct or behind a fault proxy).
+`wait_for` polls a condition with a deadline."""
 
 from __future__ import annotations
 
