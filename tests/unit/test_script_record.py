@@ -40,14 +40,18 @@ def test_a_script_tells_its_output_and_code(tmp_path: Path) -> None:
 
 def test_a_script_whose_wrapper_was_killed_still_records_its_end(tmp_path: Path) -> None:
     gate = tmp_path / "go"
-    script = f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done; echo more; exit 3"
+    # Waits for the test's word, and at most 30 s: a failed test leaves nothing running.
+    script = (f"echo started; for i in $(seq 600); do [ -e {gate} ] && break; sleep 0.05; "
+              "done; echo more; exit 3")  # fmt: skip
     proc = wrapped(tmp_path, "sh", "-c", script)
-    wait_for(lambda: record(tmp_path) == "running", 10, "the script running")
-    os.kill(proc.pid, signal.SIGKILL)  # the exec's own process, as the runtime kills it
-    proc.wait(10)
-    assert proc.stdout is not None
-    proc.stdout.close()  # nobody reads its output any more
-    assert record(tmp_path) == "running"  # the script goes on
-    gate.touch()
+    try:
+        wait_for(lambda: record(tmp_path) == "running", 10, "the script running")
+        os.kill(proc.pid, signal.SIGKILL)  # the exec's own process, as the runtime kills it
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()  # nobody reads its output any more
+        assert record(tmp_path) == "running"  # the script goes on
+    finally:
+        gate.touch()
     said = wait_for(lambda: (r := record(tmp_path)) != "running" and r, 10, "the script's end")
     assert said == "exit 3"
