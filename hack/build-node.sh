@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds what a local node runs besides the kubelet: containerd (with its runc shim and ctr),
 # runc, the CNI plugins, CoreDNS (cluster DNS) and a static pause binary, all from Go modules
-# (and a few lines of C for pause). The kubelet, kube-scheduler and kubemark come from the
-# Kubernetes module (hack/build-controlplane.sh).
+# (and a few lines of C for pause). CoreDNS is its release with only the plugins the local
+# cluster uses (hack/node/coredns; go.sum pins the contents). The kubelet, kube-scheduler and
+# kubemark come from the Kubernetes module (hack/build-controlplane.sh).
 #
 # Cached under $CACHE/node/<versions>-<hash of this script>/bin: a second run builds nothing.
 # Prints that directory on its last line.
@@ -15,7 +16,7 @@ CNI=v1.9.1
 COREDNS=v1.14.7
 
 CACHE=${ETOPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/etoperator}
-id=$(cat build-node.sh node/pause.c | sha256sum | cut -c1-12)
+id=$(cat build-node.sh node/pause.c node/coredns/* | sha256sum | cut -c1-12)
 OUT="$CACHE/node/containerd-$CONTAINERD-runc-$RUNC-cni-$CNI-coredns-$COREDNS-$id/bin"
 BINS=(containerd containerd-shim-runc-v2 ctr runc coredns pause
       cni/bridge cni/host-local cni/loopback cni/portmap)
@@ -50,8 +51,10 @@ CGO_ENABLED=0 GOBIN="$tmp/bin/cni" go install -trimpath -ldflags "-s -w" \
     "github.com/containernetworking/plugins/plugins/main/loopback@$CNI" \
     "github.com/containernetworking/plugins/plugins/ipam/host-local@$CNI" \
     "github.com/containernetworking/plugins/plugins/meta/portmap@$CNI"
-CGO_ENABLED=0 GOBIN="$tmp/bin" go install -trimpath -ldflags "-s -w" \
-    "github.com/coredns/coredns@$COREDNS"
+grep -q "^require github.com/coredns/coredns $COREDNS\$" node/coredns/go.mod \
+    || { echo "build-node: node/coredns/go.mod does not require CoreDNS $COREDNS" >&2; exit 1; }
+(cd node/coredns && CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+    go build -trimpath -ldflags "-s -w" -o "$tmp/bin/coredns" .)
 cc -static -Os -o "$tmp/bin/pause" node/pause.c
 
 mkdir -p "$(dirname "$OUT")"
