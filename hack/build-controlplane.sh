@@ -39,7 +39,7 @@ ldflags="-s -w -X $v.gitVersion=v$K8S -X $v.gitMajor=1 -X $v.gitMinor=$minor \
  -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
 
 start=$SECONDS
-echo "build-controlplane: building Kubernetes v$K8S and etcd v$ETCD (cold: about 4 min)" >&2
+echo "build-controlplane: building Kubernetes v$K8S and etcd v$ETCD (cold: 6-15 min on two cores)" >&2
 (cd kubernetes && go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
     "${K8S_BINS[@]/#/k8s.io/kubernetes/cmd/}")
 (cd etcd && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .)

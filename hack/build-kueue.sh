@@ -23,7 +23,7 @@ mkdir -p "$CACHE/kueue"
 tmp=$(mktemp -d "$CACHE/kueue/.build.XXXXXX")
 trap 'chmod -R u+w "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 start=$SECONDS
-echo "build-kueue: building Kueue $VERSION (cold: about 15 min on two cores)" >&2
+echo "build-kueue: building Kueue $VERSION (cold: 2-6 min)" >&2
 mkdir -p "$tmp/out/bin" "$tmp/out/crd"
 # No debug information compiled (the linker's -w drops it anyway): 12 % less to build.
 GOBIN="$tmp/out/bin" CGO_ENABLED=0 GOFLAGS="-buildvcs=false -gcflags=all=-dwarf=false" \

@@ -35,7 +35,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/etoperator-node.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/bin/cni"
 start=$SECONDS
-echo "build-node: containerd $CONTAINERD, runc $RUNC, CNI $CNI, CoreDNS $COREDNS (cold: about 2 min)" >&2
+echo "build-node: containerd $CONTAINERD, runc $RUNC, CNI $CNI, CoreDNS $COREDNS (cold: 2-6 min)" >&2
 
 # No debug information compiled (the linker's -w drops it anyway): 12 % less to build.
 export GOFLAGS=-gcflags=all=-dwarf=false
