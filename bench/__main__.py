@@ -5,7 +5,7 @@ printed as such. Uses the local cluster: P5, P7, P8 and P9 the real control plan
 kube-scheduler and hollow nodes (kubemark: the real kubelet over a fake runtime), the operator
 as a real process under its deploy/ RBAC; P1-P4, P6, A1 and P10 real nodes (containerd, the
 shipped images, workers with a real sshd, the operator deployed from deploy/, real horovodrun
-training where the figure is training's).
+training where the figure is training's); S1 the default suite beside a demo that trains.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.beside import s1
 from bench.common import Row
 from bench.discovery import p1_p2_p3
 from bench.gangs import g1
@@ -31,7 +32,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1", "g1"]
+    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1", "g1", "s1"]
     p.add_argument("--only", nargs="*", default=order)
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
@@ -50,6 +51,7 @@ def main() -> int:
         ("ha", ha),
         ("q1", q1),
         ("g1", g1),
+        ("s1", s1),
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, stage in stages:
