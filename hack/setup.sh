@@ -112,4 +112,20 @@ for old in "$CACHE"/venvs/*/; do
         rm -rf "$old"
     fi
 done
+# Binaries of other versions (an edit of a build script or a pin builds a new set, 0.9 GB) go
+# the same way: once no set-up has asked for them for two days.
+prune_built() {  # DIR KEEP: DIR's entries but KEEP, each unused for two days
+    local entry
+    for entry in "$1"/*/; do
+        entry=${entry%/}
+        [ -d "$entry" ] && [ "$entry" != "$2" ] \
+            && [ -z "$(find "$entry" -maxdepth 0 -mmin -2880)" ] || continue
+        step "removing $entry (another version's, not used for two days)"
+        chmod -R u+w "$entry" && rm -rf "$entry"
+    done
+}
+touch "${bin%/bin}" "${node_bin%/bin}" "$kueue"
+prune_built "$CACHE/controlplane" "${bin%/bin}"
+prune_built "$CACHE/node" "${node_bin%/bin}"
+prune_built "$CACHE/kueue" "$kueue"
 step "done ($(.venv/bin/python -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"
