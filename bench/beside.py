@@ -28,6 +28,8 @@ def s1(tmp: Path) -> list[Row]:
         body = long_example(replicas=2)
         body["metadata"]["name"] = JOB
         kubectl(env, "create", "-f", "-", input=yaml.safe_dump(body))
+        kubectl(env, "wait", f"trainingjob/{JOB}", "--for=jsonpath={.status.phase}=Running",
+                "--timeout=300s")  # fmt: skip
         return suite_beside(env, tmp / "suite.log")
     finally:
         subprocess.run(
@@ -65,7 +67,7 @@ def demo_up(state: Path, log: Path) -> tuple[subprocess.Popen[bytes], dict[str, 
 def kubectl(env: dict[str, str], *args: str, input: str | None = None) -> str:
     return subprocess.run(
         ["kubectl", *args], env=env, input=input, capture_output=True, text=True, check=True,
-        timeout=30,
+        timeout=330,
     ).stdout  # fmt: skip
 
 
