@@ -100,32 +100,22 @@ if [ ! -L .venv ] || [ "$(readlink .venv)" != "$venv" ]; then
     rm -rf .venv
     ln -s "$venv" .venv
 fi
-# A virtualenv of another lock (5 GB: torch with its CUDA libraries) goes once no set-up has
-# used it for two days: another checkout set up meanwhile keeps its own.
-touch "$venv/.used"
-for old in "$CACHE"/venvs/*/; do
-    old=${old%/}
-    [ "$old" != "$venv" ] && [ -d "$old" ] || continue
-    if [ -z "$(find "$old" -maxdepth 1 -name .used -mmin -2880)" ] \
-        && [ -z "$(find "$old" -maxdepth 1 -name .complete -mmin -2880)" ]; then
-        step "removing the virtualenv $old (not used for two days)"
-        rm -rf "$old"
-    fi
-done
-# Binaries of other versions (an edit of a build script or a pin builds a new set, 0.9 GB) go
-# the same way: once no set-up has asked for them for two days.
-prune_built() {  # DIR KEEP: DIR's entries but KEEP, each unused for two days
+# What set-up built for another lock or version goes once no set-up has used it for two days
+# (another checkout set up meanwhile keeps its own): a virtualenv (5 GB: torch with its CUDA
+# libraries), a set of binaries (0.9 GB; an edit of a build script or a pin builds a new one).
+prune() {  # DIR KEEP: DIR's entries but KEEP, where nothing was touched for two days
     local entry
     for entry in "$1"/*/; do
         entry=${entry%/}
         [ -d "$entry" ] && [ "$entry" != "$2" ] \
-            && [ -z "$(find "$entry" -maxdepth 0 -mmin -2880)" ] || continue
-        step "removing $entry (another version's, not used for two days)"
+            && [ -z "$(find "$entry" -maxdepth 1 -mmin -2880 -print -quit)" ] || continue
+        step "removing $entry (not used for two days)"
         chmod -R u+w "$entry" && rm -rf "$entry"
     done
 }
-touch "${bin%/bin}" "${node_bin%/bin}" "$kueue"
-prune_built "$CACHE/controlplane" "${bin%/bin}"
-prune_built "$CACHE/node" "${node_bin%/bin}"
-prune_built "$CACHE/kueue" "$kueue"
+touch "$venv/.used" "${bin%/bin}" "${node_bin%/bin}" "$kueue"
+prune "$CACHE/venvs" "$venv"
+prune "$CACHE/controlplane" "${bin%/bin}"
+prune "$CACHE/node" "${node_bin%/bin}"
+prune "$CACHE/kueue" "$kueue"
 step "done ($(.venv/bin/python -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"
