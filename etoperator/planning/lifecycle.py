@@ -176,7 +176,8 @@ def complete_plan(d: Draft) -> Plan:
         members = set(d.status.target_workers or [])
         wanted = {naming.worker_index(job_spec.name, m) for m in members}
         held = {naming.worker_index(job_spec.name, m) for m in queueing.held_by_quota(d)}
-        d.plan.create_workers = sorted(set(d.plan.create_workers) & wanted - held)
+        creating = sorted(set(d.plan.create_workers) & wanted - held)
+        d.plan.create_workers = queueing.within_admission(d, creating)
         keep = {
             p.name
             for p in d.workers.values()

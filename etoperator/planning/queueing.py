@@ -92,13 +92,21 @@ def admit(d: Draft, q: QueueView) -> None:
     """Admitted: a fresh run at the admitted size. Fewer workers than asked (partial
     admission): spec replicas stay what was asked, and the job grows once Kueue admits the
     rest (`settle`)."""
-    asked = d.spec.worker.replicas
     d.start_fresh_run()
+    message = say_admitted(d, q)
+    d.plan.events.append(Event("Normal", "Admitted", message))
+
+
+def say_admitted(d: Draft, q: QueueView) -> str:
+    """The Queued condition (False, Admitted) with the size Kueue admits now (kept current as
+    the job grows and shrinks through its admission, without an event each time)."""
+    asked = d.spec.worker.replicas
     message = f"admitted by ClusterQueue {q.cluster_queue}: {workers(q.admitted_workers)}"
     if q.admitted_workers < asked:
         message += f" of {asked} asked (partial admission: the rest when the queue admits it)"
-    d.set_cond(QUEUED, "False", "Admitted", message, event=False)
-    d.plan.events.append(Event("Normal", "Admitted", message))
+    if q.cluster_queue:  # empty while a slice takes over from the Workload it replaces
+        d.set_cond(QUEUED, "False", "Admitted", message, event=False)
+    return message
 
 
 def follow_spec(d: Draft, q: QueueView) -> None:
@@ -129,6 +137,10 @@ def finished(d: Draft) -> None:
     if q.growing:
         d.plan.delete_workloads.append(q.growing)
     if not q.finished:
+        if going_pods(d):
+            # Kueue frees the quota at Finished: not while a pod it counted still runs.
+            d.come_back("the ended job's pods are going (its quota is freed after)")
+            return
         ok = d.phase == st.SUCCEEDED
         cond = st.condition(d.status.conditions or [], st.SUCCEEDED if ok else st.FAILED) or {}
         message = str(cond.get("message") or d.phase)
@@ -194,6 +206,7 @@ def settle(d: Draft) -> None:
     q = d.inp.queue
     if q is None or not q.admitted or d.phase not in (st.RUNNING, st.SCALING):
         return
+    say_admitted(d, q)
     if not q.pods_ready:
         d.plan.workload_conditions.append(
             ("PodsReady", "True", "PodsReady", "the launcher runs and its workers are ready")
@@ -211,9 +224,45 @@ def settle(d: Draft) -> None:
             if q.growing != wanted_slice:
                 d.plan.make_slice = (wanted_slice, wanted)
         elif wanted < q.workers and not q.growing:
-            d.plan.resize_workload = max(wanted, d.spec.worker.min_replicas)
+            shrink(d, max(wanted, d.spec.worker.min_replicas))
     if q.growing and q.growing != wanted_slice:
         d.plan.delete_workloads.append(q.growing)
+
+
+def shrink(d: Draft, count: int) -> None:
+    """The Workload asks for `count` workers (Kueue frees the rest at once): only once no more
+    worker pods than that are left, a victim being deleted included (it runs until gone)."""
+    if live_workers(d) > count:
+        d.come_back("workers removed are going (their quota is given back after)")
+    else:
+        d.plan.resize_workload = count
+
+
+def live_workers(d: Draft) -> int:
+    """Worker pods that hold their node's resources: all but those that ended."""
+    return sum(1 for p in d.workers.values() if p.phase not in ("Succeeded", "Failed"))
+
+
+def going_pods(d: Draft) -> bool:
+    """A pod of the job is being deleted (or is by this pass) and has not ended yet."""
+    return any(
+        (p.deleting or p.name in d.plan.delete_pods) and p.phase not in ("Succeeded", "Failed")
+        for p in d.inp.pods
+    )
+
+
+def within_admission(d: Draft, creating: list[int]) -> list[int]:
+    """The new workers a queued job may create now: as many as fit in what Kueue admits at
+    this moment beside the worker pods still there (one being deleted counts until it is
+    gone). The rest are made by a later pass (a member without a pod is made then)."""
+    q = d.inp.queue
+    if q is None or not q.served:
+        return creating
+    room = max(q.admitted_workers, q.growing_workers if q.growing_admitted else 0)
+    allowed = max(room - live_workers(d), 0)
+    if len(creating) > allowed:
+        d.come_back("new workers wait for room in the admission (pods still going)")
+    return creating[:allowed]
 
 
 def grow(d: Draft, count: int) -> None:

@@ -12,6 +12,7 @@ a 409 repeats the pass.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -77,13 +78,74 @@ def job_id(spec: JobSpec) -> str:
     return state.job_id(spec.namespace, spec.name, spec.uid)
 
 
-def replaced(current: dict[str, Any], done: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Workload `current` replaced as a slice, once Kueue finished it for that."""
+def admitted_count(body: dict[str, Any] | None, finished_ok: bool = False) -> int:
+    """The workers Kueue holds quota for in this Workload now: its admission's count, never
+    more than the Workload asks (a count lowered in place gives quota back at once, while the
+    admission keeps the old count); 0 unless Admitted and not Evicted, and not Finished (unless
+    `finished_ok`: the count a replaced Workload held)."""
+    if body is None or not is_true(body, "Admitted") or is_true(body, "Evicted"):
+        return 0
+    if (is_true(body, "Finished") and not finished_ok) or not (body.get("status") or {}).get(
+        "admission"
+    ):
+        return 0
+    return min(worker_count(body), worker_count(body, "admission"))
+
+
+def handed_over(current: dict[str, Any], done: list[dict[str, Any]]) -> int:
+    """Kueue finishes the Workload a slice replaces as it admits the slice, and the watch may
+    show the finish first: while the slice has never been admitted nor evicted, the job keeps
+    the count the replaced one held (nothing beyond it). A slice admitted once and evicted
+    since is no such hand-over: its job holds nothing (it was evicted)."""
+    conds = {c.get("type") for c in (current.get("status") or {}).get("conditions") or []}
+    if conds & {"Admitted", "Evicted", "Requeued"}:
+        return 0
     key = (current["metadata"].get("annotations") or {}).get(wl.REPLACES, "")
     for b in done:
-        if f"{b['metadata']['namespace']}/{b['metadata']['name']}" == key:
-            return b if cond(b, "Finished").get("reason") == "WorkloadSliceReplaced" else None
-    return None
+        named = f"{b['metadata']['namespace']}/{b['metadata']['name']}" == key
+        if named and cond(b, "Finished").get("reason") == "WorkloadSliceReplaced":
+            return admitted_count(b, finished_ok=True)
+    return 0
+
+
+def read_queue(queue: str, namespace: str, bodies: list[dict[str, Any]]) -> QueueView:
+    """Pure: the job's Workloads as the planner sees them (placement aside)."""
+    live, done = order(bodies)
+    current = live[0] if live else (done[-1] if done else None)
+    if current is None:
+        return QueueView(queue=queue)
+    name = current["metadata"]["name"]
+    slices = [
+        b
+        for b in live[1:]
+        if (b["metadata"].get("annotations") or {}).get(wl.REPLACES) == f"{namespace}/{name}"
+    ]
+    growing = slices[0] if slices else None
+    strays = tuple(b["metadata"]["name"] for b in live[1:] if b is not growing)
+    evicted = is_true(current, "Evicted")
+    room = admitted_count(current) or handed_over(current, done)
+    return QueueView(
+        queue=queue,
+        workload=name,
+        workers=worker_count(current),
+        active=(current.get("spec") or {}).get("active") is not False,
+        reserved=bool((current.get("status") or {}).get("admission")),
+        admitted=room > 0,
+        admitted_workers=room,
+        cluster_queue=str(
+            ((current.get("status") or {}).get("admission") or {}).get("clusterQueue") or ""
+        ),
+        evicted=said(current, "Evicted") if evicted else "",
+        evicted_reason=str(cond(current, "Evicted").get("reason") or "") if evicted else "",
+        finished=said(current, "Finished") if is_true(current, "Finished") else "",
+        pods_ready=is_true(current, "PodsReady"),
+        why=str(cond(current, "QuotaReserved").get("message") or ""),
+        growing=growing["metadata"]["name"] if growing else "",
+        growing_workers=worker_count(growing) if growing else 0,
+        growing_admitted=admitted_count(growing) > 0,
+        growing_why=str(cond(growing, "QuotaReserved").get("message") or "") if growing else "",
+        strays=strays,
+    )
 
 
 @dataclass
@@ -107,48 +169,13 @@ class Queues:
             return None
         if not obs.workloads and not self.served():
             return QueueView(queue=spec.queue, served=False)
-        live, done = order(obs.workloads)
-        current = live[0] if live else (done[-1] if done else None)
-        if current is None:
+        if not obs.workloads:
             return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
-        name = current["metadata"]["name"]
-        slices = [
-            b
-            for b in live[1:]
-            if (b["metadata"].get("annotations") or {}).get(wl.REPLACES)
-            == f"{spec.namespace}/{name}"
-        ]
-        growing = slices[0] if slices else None
-        strays = tuple(b["metadata"]["name"] for b in live[1:] if b is not growing)
-        # A slice Kueue has admitted finishes the Workload it replaces; that news may come
-        # first: until the slice's own admission shows, the job runs on the replaced one's.
-        held = replaced(current, done)
-        seen = held if held is not None and not is_true(current, "Admitted") else current
-        admitted = is_true(seen, "Admitted") or held is not None
-        evicted = is_true(current, "Evicted")
-        return QueueView(
-            queue=spec.queue,
-            workload=name,
-            workers=worker_count(current),
-            active=(current.get("spec") or {}).get("active") is not False,
-            reserved=bool((current.get("status") or {}).get("admission")),
-            admitted=admitted,
-            admitted_workers=worker_count(seen, "admission") if admitted else 0,
-            cluster_queue=str(
-                ((seen.get("status") or {}).get("admission") or {}).get("clusterQueue") or ""
-            ),
-            evicted=said(current, "Evicted") if evicted else "",
-            evicted_reason=str(cond(current, "Evicted").get("reason") or "") if evicted else "",
-            finished=said(current, "Finished") if is_true(current, "Finished") else "",
-            pods_ready=is_true(current, "PodsReady"),
-            why=str(cond(current, "QuotaReserved").get("message") or ""),
-            placement=self.placement(seen) if admitted and not evicted else {},
-            growing=growing["metadata"]["name"] if growing else "",
-            growing_workers=worker_count(growing) if growing else 0,
-            growing_admitted=bool(growing and is_true(growing, "Admitted")),
-            growing_why=str(cond(growing, "QuotaReserved").get("message") or "") if growing else "",
-            strays=strays,
-        )
+        view = read_queue(spec.queue, spec.namespace, obs.workloads)
+        if not view.admitted_workers or view.evicted:
+            return view
+        current = order(obs.workloads)[0][0]
+        return dataclasses.replace(view, placement=self.placement(current))
 
     def placement(self, body: dict[str, Any]) -> dict[str, Placement]:
         """Each admitted pod set's node labels and tolerations, from its flavors."""

@@ -119,12 +119,37 @@ def test_without_kueue_the_job_says_so_and_starts_nothing() -> None:
     assert any(e.type == "Warning" for e in plan.events)
 
 
-def test_an_ended_job_finishes_its_workload() -> None:
+def test_an_ended_job_finishes_its_workload_once_its_pods_are_gone() -> None:
     spec = qspec(replicas=2)
     pods = [w(0), w(1), launcher("Succeeded")]
     plan = plan_job(queued(spec, running_status([0, 1]), pods, ADMITTED))
     assert plan.status.phase == "Succeeded"
-    assert [c[:3] for c in plan.workload_conditions] == [("Finished", "True", "Succeeded")]
+    assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert plan.workload_conditions == []  # Kueue would free quota its pods still use
+    going = [dataclasses.replace(w(0), deleting=True), launcher("Succeeded")]
+    assert plan_job(queued(spec, plan.status, going, ADMITTED)).workload_conditions == []
+    later = plan_job(queued(spec, plan.status, [launcher("Succeeded")], ADMITTED))
+    assert [c[:3] for c in later.workload_conditions] == [("Finished", "True", "Succeeded")]
+
+
+def test_a_scale_in_gives_quota_back_once_its_victim_is_gone() -> None:
+    spec = qspec(replicas=1)
+    q = dataclasses.replace(ADMITTED, workers=2)
+    going = [w(0), dataclasses.replace(w(1), deleting=True), launcher()]
+    assert plan_job(queued(spec, running_status([0]), going, q)).resize_workload is None
+    gone = plan_job(queued(spec, running_status([0]), [w(0), launcher()], q))
+    assert gone.resize_workload == 1
+
+
+def test_a_lost_worker_is_replaced_only_once_its_pod_is_gone() -> None:
+    """Replacing it at once would run three workers' pods in an admission of two."""
+    spec = qspec(replicas=2, workerRestartPolicy="Always")
+    lost = dataclasses.replace(w(1), deleting=True)
+    plan = plan_job(queued(spec, running_status([0, 1]), [w(0), lost, launcher()], ADMITTED))
+    assert plan.create_workers == []
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-2"]  # named, not made yet
+    later = plan_job(queued(spec, plan.status, [w(0), launcher()], ADMITTED))
+    assert later.create_workers == [2]
 
 
 VIEWS = st.builds(
