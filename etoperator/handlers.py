@@ -333,7 +333,12 @@ async def scaler_event(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    if type == "DELETED" or not namespace:
+    if not namespace:
+        return
+    if type == "DELETED":  # its job looks now: a running scale is undone, its slice goes
+        rt, job = runtime(memo), naming.selected_job(body)
+        if job and rt.is_leader() and rt.has((namespace, job)):
+            rt.kick((namespace, job))
         return
     kind = (
         naming.SCALEOUT_KIND if resource.plural == naming.SCALEOUT_PLURAL else (naming.SCALEIN_KIND)

@@ -2,8 +2,9 @@
 
 Two questions are asked of a worker, both with the job's private key:
   - is it ready? sshd accepts the key and runs a command, and the worker's name resolves to
-    its own address through the cluster's DNS (Horovod reaches it by name, from a pod of the
-    same namespace: a worker listed before DNS knows it fails Horovod's ssh);
+    its own address through the cluster's DNS as the launcher resolves it (Horovod reaches it
+    by name from the launcher: a worker listed before DNS knows it fails Horovod's ssh, and
+    the job with it);
   - what does Horovod do on it? whether a process carries `HOROVOD_HOSTNAME=<pod>` in its
     environment (the match is on the whole variable, so `worker-1` never matches
     `worker-10`), and the addresses those processes hold TCP connections to: Horovod's
@@ -70,11 +71,19 @@ def busy_script(hostname: str) -> str:
     )
 
 
-def ready_script(name: str, address: str) -> str:
-    """Exits 0 once `name` resolves to `address` here (or the image has no getent to ask)."""
+def ready_script(name: str, address: str, resolv: str = "/etc/resolv.conf") -> str:
+    """Exits 0 once `name` resolves to `address` through cluster DNS, as the launcher's ssh
+    will resolve it (or the image has no getent to ask). Asked on the worker itself, the
+    short name always resolved: the kubelet's /etc/hosts maps a pod's own name. So the name
+    is asked under the pod's first search domain (`<namespace>.svc.<cluster domain>`, the
+    record the launcher's lookup of the short name ends at), which no /etc/hosts holds; the
+    short name where resolv.conf has no search list."""
     return (
-        "command -v getent >/dev/null 2>&1 || exit 0; "
-        f"set -- $(getent hosts -- {shlex.quote(name)}); "
+        "command -v getent >/dev/null 2>&1 || exit 0; d=; "
+        'while read -r k v _; do [ "$k" = search ] && d=$v; done '
+        f"< {shlex.quote(resolv)} 2>/dev/null; "
+        f'n={shlex.quote(name)}; [ -z "$d" ] || n="$n.$d."; '
+        'set -- $(RES_OPTIONS="timeout:1 attempts:2" getent hosts -- "$n"); '
         f'[ "${{1:-}}" = {shlex.quote(address)} ]'
     )
 

@@ -183,6 +183,7 @@ class Draft:
         self.set_members(Members((), ()))
         if active is not None:
             self.fail_scaler(active, reason, message)
+            self.set_cond(st.SCALING, "False", reason, f"{active.kind} {active.name}: {message}")
         self.scale_ended()
 
     def follow_members(self, members: int) -> None:

@@ -201,7 +201,7 @@ c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); time.sleep(60)
 
 
 def test_ready_only_once_the_name_resolves_to_the_worker(
-    sshd: ssh.KeyPair, prober: SSHProber
+    sshd: ssh.KeyPair, prober: SSHProber, tmp_path: Path
 ) -> None:
     """Horovod reaches a worker by name: a worker whose name does not resolve (to its own
     address) yet is not ready, whatever its sshd says."""
@@ -209,7 +209,21 @@ def test_ready_only_once_the_name_resolves_to_the_worker(
     assert prober.ready(IP, key)
     assert not prober.ready(IP, key, "etoperator-no-such-host.invalid")
     assert not prober.ready(IP, key, "localhost")  # resolves, but not to this worker's address
-    assert prober.run(IP, key, ready_script("localhost", "127.0.0.1"))[0] == 0
+    plain = tmp_path / "resolv.conf"
+    plain.write_text("nameserver 127.0.0.1\n")
+    assert prober.run(IP, key, ready_script("localhost", "127.0.0.1", str(plain)))[0] == 0
+
+
+def test_a_name_only_etc_hosts_knows_is_not_ready(
+    sshd: ssh.KeyPair, prober: SSHProber, tmp_path: Path
+) -> None:
+    """The kubelet's /etc/hosts maps a pod's own name: asked on the new worker, its short name
+    always resolved, while cluster DNS did not know it yet and Horovod's ssh from the launcher
+    failed (the job with it). The name is asked under the pod's search domain instead."""
+    key = load_key(sshd.private_openssh)
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.1\nsearch ns.svc.etoperator-test.invalid\n")
+    assert prober.run(IP, key, ready_script("localhost", "127.0.0.1", str(resolv)))[0] != 0
 
 
 def connection_of(prober: SSHProber, key: paramiko.PKey) -> tuple[str, str]:
