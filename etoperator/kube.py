@@ -355,6 +355,21 @@ class Kube:
             self._call("PATCH", path, body=patch, content_type=content_type, timeout=timeout)
         )
 
+    def pod_log(self, namespace: str, pod: str, lines: int, limit: int = 65536) -> str:
+        """The last `lines` lines of the pod's first container's output (at most `limit`
+        bytes); "" when it cannot be read."""
+        self.requests += 1
+        core = k8s.CoreV1Api(self.api)
+        try:
+            with _translate(f"GET pods/log {namespace}/{pod}"):
+                text = core.read_namespaced_pod_log(
+                    pod, namespace, tail_lines=lines, limit_bytes=limit, _request_timeout=10
+                )
+        except ApiError as exc:
+            log.debug("Pod log not read namespace=%s pod=%s error=%s", namespace, pod, exc)
+            return ""
+        return str(text or "")
+
     def exec_in_pod(
         self, namespace: str, pod: str, command: Sequence[str], timeout: float
     ) -> tuple[int, str]:

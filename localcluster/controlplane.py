@@ -12,12 +12,14 @@ would evict pods of nodes that never heartbeat).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import ssl
 import subprocess
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +251,18 @@ class ControlPlane:
         assert old.poll() is not None, "the apiserver still runs"
         proc = self._spawn("kube-apiserver", [str(a) for a in old.args])  # type: ignore[union-attr]
         procs.wait_until(self._ready, "kube-apiserver", 90, proc, self.dir / "kube-apiserver.log")
+
+    @contextlib.contextmanager
+    def paused(self, name: str) -> Iterator[None]:
+        """One component (e.g. "kube-controller-manager") stopped, not ended, meanwhile: what
+        it keeps up to date lags (no EndpointSlice for a new Service, so cluster DNS does not
+        know its name), as after an apiserver restart or on a loaded control plane."""
+        proc = self.procs[name]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            proc.send_signal(signal.SIGCONT)
 
     def _ready(self) -> bool:
         # /readyz is open to unauthenticated users (system:public-info-viewer).

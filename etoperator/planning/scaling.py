@@ -69,6 +69,10 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
         d.come_back("new workers not yet in the published host list")
         return m
     horovod, outside = horovod_on(d, new)
+    if not horovod and saw_horovod(sc):
+        # Horovod ran on the earlier hosts in this scale and no longer does: the run is
+        # ending (its launcher's end says how), never a success.
+        horovod, outside = True, list(new)
     if outside:
         return wait_for_horovod(d, sc, m, outside)
     if ensure_script_ran(d, sc, new):
@@ -77,36 +81,57 @@ def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> 
     return m
 
 
+def saw_horovod(sc: ScalerView) -> bool:
+    """This scale has waited for Horovod to take its workers in (so Horovod ran then)."""
+    cond = st.condition(sc.status.conditions or [], st.SCALE_RUNNING) or {}
+    return cond.get("reason") == "WaitingForHorovod"
+
+
 def wait_for_horovod(d: Draft, sc: ScalerView, m: Members, outside: list[str]) -> Members:
     """Listed, not yet taken in. Once Horovod has started its process on a new worker, the
     workers already training wait for it in their rendezvous: removing it then would fail
     that rendezvous, and the job with it. So past its timeout the scale waits on while the
-    rendezvous may (the launcher's Gloo timeout); a worker Horovod never started on (its
-    --max-np reached) is rolled back at the timeout."""
+    rendezvous may (the launcher's Gloo timeout); a worker Horovod never started on is rolled
+    back at the timeout, saying why as the launcher's log does (an ssh or a name that failed),
+    or what else may be the cause."""
     assert sc.spec is not None
     new, names = sc.planned, ", ".join(outside)
-    waiting = f"waiting for Horovod to take {names} in"
+    said = "; ".join(d.inp.launcher_said)
+    heard = f" (the launcher said: {said})" if said else ""
+    waiting = f"waiting for Horovod to take {names} in{heard}"
     views = {n: w for n in outside if (w := d.workers.get(n)) is not None}
     starting = [n for n, w in views.items() if w.busy]
     unknown = [n for n, w in views.items() if w.horovod_unknown]  # may be starting: not idle
     job = d.inp.spec
     rendezvous = job.launcher.rendezvous_timeout if job else naming.RENDEZVOUS_TIMEOUT
     if (starting or unknown) and timed_out(d, sc) and not timed_out(d, sc, rendezvous):
-        said = [f"Horovod is starting on {', '.join(starting)}"] if starting else []
+        what = [f"Horovod is starting on {', '.join(starting)}"] if starting else []
         if unknown:
-            said.append(f"what Horovod does on {', '.join(unknown)} cannot be asked now")
-        what = (
-            f"{'; '.join(said)}, past the {sc.spec.timeout}s timeout: removed now, a rendezvous "
+            what.append(f"what Horovod does on {', '.join(unknown)} cannot be asked now")
+        text = (
+            f"{'; '.join(what)}, past the {sc.spec.timeout}s timeout: removed now, a rendezvous "
             f"under way would fail the job (waiting up to {rendezvous}s more)"
         )
-        wait_on(d, sc, "WaitingForHorovod", what, f"WaitingForHorovod: {waiting}")
+        wait_on(d, sc, "WaitingForHorovod", text, f"WaitingForHorovod: {waiting}")
         return m
     failed = f"Horovod did not take {names} in within {sc.spec.timeout}s" + (
-        f" and its {rendezvous}s rendezvous"
-        if starting or unknown
-        else " (is horovodrun's --max-np below the new size?)"
+        f" and its {rendezvous}s rendezvous" if starting or unknown else ""
     )
-    return wait_to_join(d, sc, m, new, "WaitingForHorovod", failed, waiting)
+    return wait_to_join(d, sc, m, new, "WaitingForHorovod", failed + why_not(d, heard), waiting)
+
+
+def why_not(d: Draft, heard: str) -> str:
+    """Why Horovod may not have taken new workers in: what the launcher said of them, else
+    whether it still runs on the earlier hosts, else the likely causes."""
+    if heard:
+        return heard
+    published = d.inp.published or []
+    if not any(w.busy for h in published if (w := d.workers.get(h)) is not None):
+        return " (Horovod no longer runs on the earlier hosts: the run is ending)"
+    return (
+        " (it started no process there: its ssh from the launcher failed, or horovodrun's "
+        "--max-np is below the new size; the launcher's log tells)"
+    )
 
 
 def wait_for_quota(d: Draft, sc: ScalerView, m: Members, waiting: str) -> Members:

@@ -142,6 +142,8 @@ class JobInput:
     refusal_over: bool = False  # the apiserver accepted the last pass's writes again
     queue: QueueView | None = None  # labelled for Kueue: its Workload
     gang: GangView | None = None  # spec.schedulingPolicy: its PodGroup
+    # While a ScaleOut waits for Horovod: the launcher's last lines naming its new workers.
+    launcher_said: tuple[str, ...] = ()
 
 
 @dataclass

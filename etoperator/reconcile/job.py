@@ -221,6 +221,7 @@ class JobReconciler:
             refusal_over=jid not in self._refused,
             queue=self.queues.view(obs, obs.spec) if obs.spec is not None else None,
             gang=self.gangs.view(obs, obs.spec) if obs.spec is not None else None,
+            launcher_said=self.observer.launcher_said(obs, scalers),
         )
         with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)

@@ -6,6 +6,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,34 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
 
 # Reasons a container waits that pass by themselves: not worth telling the user.
 _TRANSIENT = ("ContainerCreating", "PodInitializing")
+LOG_EVERY = 5.0  # seconds between reads of a launcher's log while a ScaleOut waits on Horovod
+
+
+def words_about(log: str, names: list[str], most: int = 3, width: int = 240) -> list[str]:
+    """Pure: the last `most` distinct lines of `log` naming one of `names` (as a whole word:
+    worker-1 is not worker-10), each cut to `width` characters."""
+    found: list[str] = []
+    for line in reversed(log.splitlines()):
+        text = line.strip()
+        if text and any(named(text, n) for n in names) and text[:width] not in found:
+            found.append(text[:width])
+        if len(found) == most:
+            break
+    return found[::-1]
+
+
+def named(text: str, name: str) -> bool:
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        if (at == 0 or not _word(text[at - 1])) and (end == len(text) or not _word(text[end])):
+            return True
+        at = text.find(name, at + 1)
+    return False
+
+
+def _word(c: str) -> bool:
+    return c.isalnum() or c in "-_"
 
 
 def _waiting(pst: dict[str, Any]) -> str:
@@ -215,6 +244,9 @@ class Observer:
     tainted_nodes: Callable[[], set[str]] = set  # nodes announced to be taken away
     # Per job: each scaler's view by its uid, with the resourceVersion it was made from.
     _scaler_views: dict[str, dict[str, tuple[str | None, ScalerView]]] = field(default_factory=dict)
+    # Per job: when its launcher's log was last read, and the lines it said of joining workers.
+    _said: dict[str, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
+    now: Callable[[], float] = time.monotonic
 
     def parse(self, obs: Observed) -> Observed:
         try:
@@ -312,6 +344,29 @@ class Observer:
     def forget(self, prefix: str) -> None:
         for jid in [k for k in list(self._scaler_views) if k.startswith(prefix)]:
             self._scaler_views.pop(jid, None)
+        for jid in [k for k in list(self._said) if k.startswith(prefix)]:
+            self._said.pop(jid, None)
+
+    def launcher_said(self, obs: Observed, scalers: list[ScalerView]) -> tuple[str, ...]:
+        """While a ScaleOut waits for Horovod to take its workers in, what the launcher's log
+        says of them (an ssh that failed, a name, a timeout): the lines naming them, read at
+        most every LOG_EVERY seconds; () otherwise."""
+        meta = obs.job["metadata"]
+        jid = job_id(meta["namespace"], meta["name"], meta["uid"])
+        kind, pods = running_scale(JobStatus.from_dict(obs.job.get("status")), scalers)
+        waiting = kind == naming.SCALEOUT_KIND and any(
+            "WaitingForHorovod" in str(s.status.conditions) for s in scalers if s.planned == pods
+        )
+        if not waiting or not pods:
+            self._said.pop(jid, None)
+            return ()
+        last = self._said.get(jid)
+        if last is not None and self.now() - last[0] < LOG_EVERY:
+            return last[1]
+        text = self.kube.pod_log(meta["namespace"], naming.launcher_name(meta["name"]), 400)
+        said = tuple(words_about(text, pods))
+        self._said[jid] = (self.now(), said)
+        return said
 
     def held_views(self) -> int:
         """How many scaler views are kept (for the memory they hold)."""

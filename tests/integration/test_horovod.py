@@ -193,3 +193,39 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
     assert victim not in cluster.hosts(ns, "drained") and cluster.phase(ns, "drained") == "Running"
     notice = cluster.condition(ns, "drained", "WorkerPreempted") or {}
     assert "left the host list before being stopped" in str(notice.get("message")), notice
+
+
+def resolves_from_launcher(cluster: Cluster, ns: str, job: str, name: str) -> bool:
+    """`name` resolves in the launcher, as Horovod's ssh there resolves it."""
+    got = cluster.exec(ns, f"{job}-launcher", "getent", "hosts", name, check=False)
+    return got.returncode == 0
+
+
+def test_a_worker_is_listed_only_once_the_launcher_resolves_its_name(
+    cluster: Cluster, ns: str
+) -> None:
+    """Cluster DNS lags (no EndpointSlice for the new worker's Service while the controller
+    manager is paused, as after an apiserver restart): the worker was listed anyway (its name
+    was asked on the worker itself, where the kubelet's /etc/hosts holds it), Horovod's ssh
+    from the launcher failed ("Could not resolve hostname"), and the job failed. Now it is
+    listed only once the launcher resolves it, and the ScaleOut succeeds then."""
+    cluster.create(horovod_job("lag", 1, steps=1_000_000, maxReplicas=3), ns)
+    tr = training(cluster, ns, "lag")
+    wait_for(lambda: any(s[1] == 1 for s in tr.read().steps), 180, "training at size 1")
+    new = "lag-worker-1"
+    with cluster.cp.paused("kube-controller-manager"):
+        cluster.create(scaleout("grow", "lag", 1, timeout=180), ns)
+        wait_for(lambda: cluster.ip(ns, new), 60, "the new worker running")
+        lagged = time.monotonic() + 12
+        while time.monotonic() < lagged:  # sampled: never listed while the launcher cannot
+            listed = new in cluster.hosts(ns, "lag")
+            assert not listed or resolves_from_launcher(cluster, ns, "lag", new), "listed early"
+            time.sleep(0.2)  # the sampling period
+        assert new not in cluster.hosts(ns, "lag"), "listed while DNS did not know it"
+        says = str(cluster.condition(ns, "grow", "Scaling", "ScaleOut"))
+        assert "resolve" in says, says
+    asked = time.time()
+    settled(cluster, ns, "ScaleOut", "grow", "ScaleSucceeded", 150)
+    assert resolves_from_launcher(cluster, ns, "lag", new)
+    wait_for(lambda: tr.first_step_at(2, asked), 120, "training at size 2", interval=0.5)
+    assert cluster.phase(ns, "lag") in ("Running", "Scaling"), cluster.pod_log(ns, "lag-launcher")

@@ -19,6 +19,7 @@ from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
 from tests.support.queues import (
     KUEUE,
+    QuotaWatch,
     admitted_workers,
     live_workloads,
     make_queue,
@@ -190,9 +191,9 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     """Through a job's life (admission, a ScaleOut through a slice, a ScaleIn, its end) the
     operator is SIGKILLed right after every Workload write it makes (made, PodsReady, a slice
     made, resized, finished), and a new one takes over each time: each step still ends with
-    one Workload per job, no slice left over, no pod beyond what Kueue admitted, the Workload
-    asking for what runs, and the ended job holding no quota."""
-    make_queue(cluster, ns, pods=5)
+    one Workload per job, no slice left over, no pod beyond what Kueue admitted (sampled all
+    along), the Workload asking for what runs, and the ended job holding no quota."""
+    cq = make_queue(cluster, ns, pods=5)
 
     def consistent(workers: int) -> bool:
         live = live_workloads(cluster, ns, "cc")
@@ -217,22 +218,23 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
         (partial(cluster.create, scalein("cc-i", "cc", count=1), ns), partial(consistent, 2)),
         (partial(cluster.finish, ns, "cc-launcher", 0), ended),
     ]  # fmt: skip
-    crashes, crash = 0, arm()
-    for act, done in steps:
-        act()
-        deadline = time.monotonic() + 120
-        while not done():
-            assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
-            if crash.fired:  # a new process takes over, to be killed at its first write
-                assert crash.killed.wait(30), "the operator was not killed"
-                cluster.proxy.disarm()
-                cluster.operator.start()
-                crashes, crash = crashes + 1, arm()
-            time.sleep(0.05)
-    cluster.proxy.disarm()
-    if crash.fired:
-        assert crash.killed.wait(30)
-        cluster.operator.start()
+    with QuotaWatch(cluster, ns, cq):  # sampled between and across every crash
+        crashes, crash = 0, arm()
+        for act, done in steps:
+            act()
+            deadline = time.monotonic() + 120
+            while not done():
+                assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
+                if crash.fired:  # a new process takes over, to be killed at its first write
+                    assert crash.killed.wait(30), "the operator was not killed"
+                    cluster.proxy.disarm()
+                    cluster.operator.start()
+                    crashes, crash = crashes + 1, arm()
+                time.sleep(0.05)
+        cluster.proxy.disarm()
+        if crash.fired:
+            assert crash.killed.wait(30)
+            cluster.operator.start()
     for sc, kind in (("cc-o", "ScaleOut"), ("cc-i", "ScaleIn")):
         assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
     assert crashes >= 5, f"only {crashes} Workload writes were crashed after"

@@ -12,6 +12,7 @@ import yaml
 from localcluster.cluster import OPERATOR_USER
 from localcluster.manifests import job, scalein, scaleout
 from tests.harness import ROOT, Cluster, wait_for
+from tests.support.horovod import horovod_process
 from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 
 pytestmark = pytest.mark.integration
@@ -136,11 +137,21 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     wait_for(lambda: cluster.phase(ns, "less", "ScaleIn") == "ScaleSucceeded", 60)
     ran = cluster.condition(ns, "less", "ScriptExecuted", "ScaleIn") or {}
     assert ran.get("status") == "True", ran
+    # A ScaleOut Horovod never takes in (a stand-in Horovod process on a host): the launcher's
+    # log is read for what it said of the new worker (pods/log).
+    with horovod_process(cluster, ns, "rb", "rb-worker-1", "rb-worker-1"):
+        cluster.create(scaleout("stalled", "rb", 1, timeout=30), ns)
+        wait_for(
+            lambda: "WaitingForHorovod"
+            in str(cluster.condition(ns, "stalled", "Scaling", "ScaleOut")),
+            30, "waiting for Horovod",
+        )  # fmt: skip
+        wait_for(lambda: cluster.phase(ns, "stalled", "ScaleOut") == "ScaleFailed", 40)
     cluster.finish(ns, "rb-worker-0", 1)
     wait_for(
-        lambda: cluster.hosts(ns, "rb") == ["rb-worker-1", "rb-worker-4"],
+        lambda: cluster.hosts(ns, "rb") == ["rb-worker-1", "rb-worker-5"],
         20,
-        "worker-0 replaced by worker-4",
+        "worker-0 replaced by worker-5 (4 was the stalled ScaleOut's)",
     )
     cluster.finish(ns, "rb-launcher", 0)
     wait_for(lambda: cluster.pods(ns, "rb") == [], 20, "cleanup")

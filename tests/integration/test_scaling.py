@@ -5,10 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import paramiko
@@ -18,6 +15,7 @@ from etoperator.sshcheck import SSHProber
 from localcluster.manifests import EXIT_AT_START, REFUSE_KEY, job, scalein, scaleout
 from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
+from tests.support.horovod import horovod_process
 from tests.support.waits import running, settled
 
 pytestmark = pytest.mark.integration
@@ -134,42 +132,6 @@ def test_scale_in_below_min_is_refused(cluster: Cluster, ns: str) -> None:
     cond = cluster.condition(ns, "under", "ScaleFailed", SI)
     assert cond and "below minReplicas 2" in cond["message"]
     assert cluster.pods(ns, "floor", "worker") == ["floor-worker-0", "floor-worker-1"]
-
-
-@contextmanager
-def horovod_process(
-    cluster: Cluster, ns: str, job_name: str, on: str, hostname: str
-) -> Iterator[threading.Event]:
-    """A process started over SSH on worker `on`, as Horovod starts one, until the event is set."""
-    secret = cluster.obj("Secret", ns, job_name)
-    key = paramiko.Ed25519Key.from_private_key(
-        io.StringIO(base64.b64decode(secret["data"]["id_rsa"]).decode())
-    )
-    ip = cluster.ip(ns, on)
-    assert ip is not None
-    client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-    client.connect(
-        ip,
-        port=cluster.ssh_port,
-        username="root",
-        pkey=key,
-        allow_agent=False,
-        look_for_keys=False,
-    )
-    marker = f"etoperator-test-{ns}-{on}"
-    client.exec_command(f"HOROVOD_HOSTNAME={hostname} exec -a {marker} sleep 120")
-    wait_for(
-        lambda: subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0,
-        5,
-        "the remote process",
-    )
-    done = threading.Event()
-    try:
-        yield done
-    finally:
-        subprocess.run(["pkill", "-f", marker])
-        client.close()
 
 
 def test_scale_in_drains_exact_victim_only(cluster: Cluster, ns: str) -> None:
@@ -736,3 +698,26 @@ def test_a_running_scaler_script_holds_up_nothing_else(
     settled(cluster, ns, SI, "slowhook", "ScaleSucceeded")
     cond = cluster.condition(ns, "slowhook", "ScriptExecuted", SI)
     assert cond and cond["status"] == "True"
+
+
+def test_a_scale_out_horovod_does_not_take_in_says_what_the_launcher_said(
+    cluster: Cluster, ns: str
+) -> None:
+    """Rolled back at its timeout, a ScaleOut said "is horovodrun's --max-np below the new
+    size?" though the launcher's ssh to the new worker had failed: it now says what the
+    launcher printed of the worker (here the line Horovod's ssh prints for a name that does
+    not resolve, written to the launcher's output)."""
+    cluster.create(job("said", replicas=1, maxReplicas=2), ns)
+    running(cluster, ns, "said", 1)
+    with horovod_process(cluster, ns, "said", "said-worker-0", "said-worker-0"):
+        cluster.create(scaleout("more", "said", 1, timeout=10), ns)
+        wait_for(
+            lambda: "WaitingForHorovod" in str(cluster.condition(ns, "more", "Scaling", SO)),
+            30, "waiting for Horovod",
+        )  # fmt: skip
+        line = "ssh: Could not resolve hostname said-worker-1: Name or service not known"
+        cluster.exec(ns, "said-launcher", "sh", "-c", f"echo '{line}' > /proc/1/fd/1")
+        settled(cluster, ns, SO, "more", "ScaleFailed", 40)
+    failed = cluster.condition(ns, "more", "ScaleFailed", SO) or {}
+    assert line in str(failed.get("message")), failed
+    assert cluster.hosts(ns, "said") == ["said-worker-0"]

@@ -3,11 +3,17 @@ ask for CPU (quota counts requests), and the Workloads read back."""
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import kubernetes.client as k8s
+import urllib3
 import yaml
+from kubernetes.client.exceptions import ApiException
 
-from etoperator import naming
+from etoperator import kube, naming
 from localcluster.manifests import job
 from tests.harness import World
 
@@ -76,11 +82,7 @@ def live_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any
     return [
         w
         for w in workloads(cluster, ns)
-        if (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) == job_name
-        and not any(
-            c["type"] == "Finished" and c["status"] == "True"
-            for c in (w.get("status") or {}).get("conditions") or []
-        )
+        if (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) == job_name and not finished(w)
     ]
 
 
@@ -91,3 +93,121 @@ def admitted_workers(cluster: World, ns: str, job_name: str) -> int:
             if psa["name"] == "worker":
                 total = max(total, int(psa.get("count") or 0))
     return total
+
+
+def millicpu(quantity: object) -> int:
+    """A CPU quantity ("50m", "1", "0.5") in millicores."""
+    text = str(quantity or "0")
+    return int(text[:-1]) if text.endswith("m") else round(float(text) * 1000)
+
+
+def reserved(cluster: World, cq: str) -> int:
+    """What the ClusterQueue reserves now, in millicores (its status, as Kueue counts it)."""
+    body = k8s.CustomObjectsApi(cluster.api.api).get_cluster_custom_object(
+        naming.KUEUE_GROUP, naming.KUEUE_VERSION, "clusterqueues", cq
+    )
+    total = 0
+    for flavor in (body.get("status") or {}).get("flavorsReservation") or []:
+        for res in flavor.get("resources") or []:
+            if res.get("name") == "cpu":
+                total += millicpu(res.get("total"))
+    return total
+
+
+def pods_request(pods: list[dict[str, Any]]) -> int:
+    """What the jobs' pods that hold their nodes' resources ask for (all but those ended; one
+    being deleted runs until it is gone)."""
+    total = 0
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in pod["spec"]["containers"]:
+            total += millicpu(((c.get("resources") or {}).get("requests") or {}).get("cpu"))
+    return total
+
+
+@dataclass
+class QuotaWatch:
+    """Samples, every `every` seconds while a test runs, what Kueue's users count on: the
+    requests of the namespace's job pods never exceed what its ClusterQueue reserves, and no
+    worker runs for a job none of whose unfinished Workloads holds a reservation. Kueue writes
+    the ClusterQueue's status a moment after it admits, so a breach counts once it lasts
+    `lasting` seconds (the defects this guards against lasted tens of seconds); the
+    reservation is read before and after the pods and the larger taken."""
+
+    cluster: World
+    ns: str
+    cq: str
+    every: float = 0.2
+    lasting: float = 1.0
+    samples: int = 0
+    breaches: list[str] = field(default_factory=list)
+    _since: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> QuotaWatch:
+        self._thread = threading.Thread(target=self._run, name="quota-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(10)
+        if exc[0] is None:
+            self.check()
+
+    def check(self) -> None:
+        assert self.samples > 0, "the quota was never sampled"
+        assert not self.breaches, f"{len(self.breaches)} breaches; first: {self.breaches[0]}"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                found = self.sample()
+            except (kube.ApiError, ApiException, OSError, urllib3.exceptions.HTTPError):
+                continue  # an apiserver a test restarts: the next sample
+            self.samples += 1
+            now = time.monotonic()
+            for key in [k for k in self._since if k not in found]:
+                del self._since[key]
+            for key, what in found.items():
+                start = self._since.setdefault(key, now)
+                if now - start >= self.lasting and len(self.breaches) < 50:
+                    self.breaches.append(f"{what} (for {now - start:.1f}s)")
+
+    def sample(self) -> dict[str, str]:
+        """The breaches seen now, by what they are about."""
+        before = reserved(self.cluster, self.cq)
+        pods = [
+            p
+            for p in self.cluster.api.list("Pod", self.ns)
+            if (p["metadata"].get("labels") or {}).get(naming.LABEL_GROUP) == naming.GROUP
+        ]
+        live = workloads(self.cluster, self.ns)
+        ceiling = max(before, reserved(self.cluster, self.cq))
+        found = {}
+        asked = pods_request(pods)
+        if asked > ceiling:
+            names = sorted(p["metadata"]["name"] for p in pods)
+            found["quota"] = f"pods ask {asked}m, {self.cq} reserves {ceiling}m: {names}"
+        holding = {
+            (w["metadata"].get("labels") or {}).get(naming.LABEL_JOB)
+            for w in live
+            if (w.get("status") or {}).get("admission") and not finished(w)
+        }
+        for p in pods:
+            labels = p["metadata"].get("labels") or {}
+            job = labels.get(naming.LABEL_JOB)
+            running = (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            if labels.get(naming.LABEL_ROLE) == "worker" and running and job not in holding:
+                found[f"job {job}"] = f"{p['metadata']['name']} runs, job {job} holds no admission"
+        return found
+
+
+def finished(w: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Finished" and c["status"] == "True"
+        for c in (w.get("status") or {}).get("conditions") or []
+    )
