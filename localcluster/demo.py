@@ -216,6 +216,8 @@ def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threadi
             print(f"demo: the tour failed: {exc}", file=sys.stderr)
             return 1
         stage("tour done")
+    if args.exit:  # --exit: the cluster stops now; nothing to tell of keeping it
+        return 0
     print(
         f"\nThe cluster keeps running. In another shell:\n"
         f"  export KUBECONFIG={lc.kubeconfig}\n"
@@ -227,8 +229,7 @@ def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threadi
         f"Ctrl-C (or `make demo-down`) stops it.",
         flush=True,
     )
-    if not args.exit:
-        stop.wait()
+    stop.wait()
     return 0
 
 
