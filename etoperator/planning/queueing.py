@@ -55,6 +55,8 @@ def hold_for_queue(d: Draft) -> bool:
         return wait(d, QUEUED, f"queued in {q.queue}{again}: {q.why or 'waiting for quota'}")
     if d.phase == st.QUEUED:
         admit(d, q)
+    if q.handing_over:  # its admission comes in a moment, or the job stops (HANDOVER)
+        d.plan.requeue = min(d.plan.requeue, 2.0)
     d.plan.placement = dict(q.placement)
     return False
 

@@ -100,6 +100,8 @@ class QueueView:
     growing_why: str = ""
     strays: tuple[str, ...] = ()  # other unfinished Workloads of the job (none should be)
     unmade: str | None = None  # why its Workload could not be made (the apiserver's words)
+    # A slice's admission follows the finish of what it replaced: the job keeps what it had.
+    handing_over: bool = False
 
 
 @dataclass(frozen=True)

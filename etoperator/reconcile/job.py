@@ -139,7 +139,7 @@ class JobReconciler:
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
         return cls(
-            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube),
+            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube, clock),
             Gangs(kube), clock,
         )  # fmt: skip
 

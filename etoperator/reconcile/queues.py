@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from etoperator import naming
@@ -24,7 +26,7 @@ from etoperator.api.models import JobSpec
 from etoperator.builders import workload as wl
 from etoperator.builders.common import Owner, Placement
 from etoperator.cache import Observed
-from etoperator.clock import iso, utcnow
+from etoperator.clock import iso, parse_iso, utcnow
 from etoperator.kube import JSON_PATCH, AlreadyExists, ApiError, Kube
 from etoperator.planning.views import Plan, QueueView
 from etoperator.reconcile import state
@@ -32,6 +34,7 @@ from etoperator.reconcile import state
 log = logging.getLogger(__name__)
 SERVED_TTL = (300.0, 10.0)  # how long "Kueue's API is served" is believed: (yes, no)
 FLAVOR_TTL = 60.0  # a ResourceFlavor's node labels and tolerations, read again after this
+HANDOVER = 10.0  # seconds a slice's admission may follow the finish of what it replaces
 API = f"{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}"
 
 
@@ -92,23 +95,29 @@ def admitted_count(body: dict[str, Any] | None, finished_ok: bool = False) -> in
     return min(worker_count(body), worker_count(body, "admission"))
 
 
-def handed_over(current: dict[str, Any], done: list[dict[str, Any]]) -> int:
-    """Kueue finishes the Workload a slice replaces as it admits the slice, and the watch may
-    show the finish first: while the slice has never been admitted nor evicted, the job keeps
-    the count the replaced one held (nothing beyond it). A slice admitted once and evicted
-    since is no such hand-over: its job holds nothing (it was evicted)."""
+def handed_over(current: dict[str, Any], done: list[dict[str, Any]], now: datetime) -> int:
+    """Kueue (v0.17) finishes the Workload a slice replaces just before it admits the slice:
+    in between, for a moment, the job keeps the count the replaced one held (nothing beyond
+    it). Only a moment (HANDOVER): where the slice's admission failed, Kueue expects the job
+    to stop. A slice admitted once and evicted since is no hand-over: it was evicted."""
     conds = {c.get("type") for c in (current.get("status") or {}).get("conditions") or []}
     if conds & {"Admitted", "Evicted", "Requeued"}:
         return 0
     key = (current["metadata"].get("annotations") or {}).get(wl.REPLACES, "")
     for b in done:
-        named = f"{b['metadata']['namespace']}/{b['metadata']['name']}" == key
-        if named and cond(b, "Finished").get("reason") == "WorkloadSliceReplaced":
+        finish = cond(b, "Finished")
+        if f"{b['metadata']['namespace']}/{b['metadata']['name']}" != key:
+            continue
+        at = parse_iso(str(finish.get("lastTransitionTime") or ""))
+        recent = at is not None and (now - at).total_seconds() < HANDOVER
+        if finish.get("reason") == "WorkloadSliceReplaced" and recent:
             return admitted_count(b, finished_ok=True)
     return 0
 
 
-def read_queue(queue: str, namespace: str, bodies: list[dict[str, Any]]) -> QueueView:
+def read_queue(
+    queue: str, namespace: str, bodies: list[dict[str, Any]], now: datetime
+) -> QueueView:
     """Pure: the job's Workloads as the planner sees them (placement aside)."""
     live, done = order(bodies)
     current = live[0] if live else (done[-1] if done else None)
@@ -123,7 +132,8 @@ def read_queue(queue: str, namespace: str, bodies: list[dict[str, Any]]) -> Queu
     growing = slices[0] if slices else None
     strays = tuple(b["metadata"]["name"] for b in live[1:] if b is not growing)
     evicted = is_true(current, "Evicted")
-    room = admitted_count(current) or handed_over(current, done)
+    handover = 0 if admitted_count(current) else handed_over(current, done, now)
+    room = admitted_count(current) or handover
     return QueueView(
         queue=queue,
         workload=name,
@@ -145,12 +155,14 @@ def read_queue(queue: str, namespace: str, bodies: list[dict[str, Any]]) -> Queu
         growing_admitted=admitted_count(growing) > 0,
         growing_why=str(cond(growing, "QuotaReserved").get("message") or "") if growing else "",
         strays=strays,
+        handing_over=handover > 0,
     )
 
 
 @dataclass
 class Queues:
     kube: Kube
+    clock: Callable[[], datetime] = utcnow
     _flavors: dict[str, tuple[float, Placement]] = field(default_factory=dict)
     # Per job (namespace/name/uid): why its last Workload could not be made (Kueue's webhook
     # not answering, a refusal), said on the job until one is made.
@@ -171,7 +183,7 @@ class Queues:
             return QueueView(queue=spec.queue, served=False)
         if not obs.workloads:
             return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
-        view = read_queue(spec.queue, spec.namespace, obs.workloads)
+        view = read_queue(spec.queue, spec.namespace, obs.workloads, self.clock())
         if not view.admitted_workers or view.evicted:
             return view
         current = order(obs.workloads)[0][0]
@@ -292,7 +304,7 @@ class Queues:
         QuotaReserved and Admitted False and Requeued (True after a preemption or a node's
         failure, as Kueue's integrations do); None when nothing changes."""
         conds = list((body.get("status") or {}).get("conditions") or [])
-        now = iso(utcnow())
+        now = iso(self.clock())
         gen = body["metadata"].get("generation")
         wanted = list(plan.workload_conditions)
         if plan.release_admission:

@@ -5,11 +5,13 @@ room (reconcile/queues.read_queue)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from etoperator.reconcile.queues import read_queue
 
 NS = "ns"
+NOW = datetime(2026, 1, 1, 0, 1, 5)  # 5 s after the slices below were made
 
 
 def wl(
@@ -25,7 +27,9 @@ def wl(
     status: dict[str, Any] = {"conditions": []}
     for ctype, value in (conds or {}).items():
         state, reason = value if isinstance(value, tuple) else (value, ctype)
-        status["conditions"].append({"type": ctype, "status": state, "reason": reason})
+        status["conditions"].append(
+            {"type": ctype, "status": state, "reason": reason, "lastTransitionTime": created}
+        )
     if admitted is not None:
         status["admission"] = {
             "clusterQueue": "cq",
@@ -44,17 +48,18 @@ def wl(
 
 ADMITTED: dict[str, str | tuple[str, str]] = {"QuotaReserved": "True", "Admitted": "True"}
 REPLACED = {**ADMITTED, "Finished": ("True", "WorkloadSliceReplaced")}
+LATER = "2026-01-01T00:01:00Z"  # when the slices are made (and the replaced one finished)
 
 
 def test_a_count_lowered_in_place_admits_only_the_lower_count() -> None:
     """After a ScaleIn the admission still records 2; Kueue counts 1: a ScaleOut back to 2
     must ask Kueue again (it once added its worker without asking)."""
-    q = read_queue("lq", NS, [wl("w", asked=1, admitted=2, conds=ADMITTED)])
+    q = read_queue("lq", NS, [wl("w", asked=1, admitted=2, conds=ADMITTED)], NOW)
     assert q.admitted and q.admitted_workers == 1
 
 
 def test_a_partial_admission_admits_what_was_admitted() -> None:
-    q = read_queue("lq", NS, [wl("w", asked=3, admitted=1, conds=ADMITTED)])
+    q = read_queue("lq", NS, [wl("w", asked=3, admitted=1, conds=ADMITTED)], NOW)
     assert q.admitted_workers == 1
 
 
@@ -65,36 +70,38 @@ def test_an_evicted_slice_admits_nothing_though_it_replaced_an_admitted_workload
     evicted = {"QuotaReserved": ("False", "Pending"), "Admitted": ("False", "NoReservation"),
                "Evicted": ("True", "Preempted"), "Requeued": ("True", "Preempted")}  # fmt: skip
     new = wl("w-s", asked=3, conds=evicted, replaces="w", created="2026-01-01T00:01:00Z")
-    q = read_queue("lq", NS, [old, new])
+    q = read_queue("lq", NS, [old, new], NOW)
     assert q.workload == "w-s"
     assert not q.admitted and q.admitted_workers == 0
     # Before the release: still reserved, evicted, and no room either.
     held = wl("w-s", asked=3, admitted=3, replaces="w", created="2026-01-01T00:01:00Z",
               conds={**ADMITTED, "Evicted": ("True", "Preempted")})  # fmt: skip
-    q = read_queue("lq", NS, [old, held])
+    q = read_queue("lq", NS, [old, held], NOW)
     assert q.evicted and q.reserved and q.admitted_workers == 0
 
 
 def test_while_a_slice_takes_over_the_job_keeps_only_what_it_had() -> None:
     """Kueue finishes the replaced Workload as it admits the slice; shown in between, the job
     runs on (no stop) with the count it had, never the slice's."""
-    old = wl("w", asked=2, admitted=2, conds=REPLACED)
-    new = wl("w-s", asked=3, replaces="w", created="2026-01-01T00:01:00Z",
+    old = wl("w", asked=2, admitted=2, conds=REPLACED, created=LATER)
+    new = wl("w-s", asked=3, replaces="w", created=LATER,
              conds={"QuotaReserved": ("False", "Pending")})  # fmt: skip
-    q = read_queue("lq", NS, [old, new])
-    assert q.admitted and q.admitted_workers == 2
+    q = read_queue("lq", NS, [old, new], NOW)
+    assert q.admitted and q.admitted_workers == 2 and q.handing_over
+    # Kueue's admission of the slice failed: after a moment the job holds nothing.
+    assert not read_queue("lq", NS, [old, new], NOW + timedelta(seconds=30)).admitted
     done = wl("w-s", asked=3, admitted=3, conds=ADMITTED, replaces="w",
               created="2026-01-01T00:01:00Z")  # fmt: skip
-    assert read_queue("lq", NS, [old, done]).admitted_workers == 3
+    assert read_queue("lq", NS, [old, done], NOW).admitted_workers == 3
 
 
 def test_a_slice_is_room_only_once_admitted() -> None:
     cur = wl("w", asked=2, admitted=2, conds=ADMITTED)
     waiting = wl("w-s", asked=3, replaces="w", created="2026-01-01T00:01:00Z",
                  conds={"QuotaReserved": ("False", "Pending")})  # fmt: skip
-    q = read_queue("lq", NS, [cur, waiting])
+    q = read_queue("lq", NS, [cur, waiting], NOW)
     assert q.growing == "w-s" and not q.growing_admitted and q.admitted_workers == 2
     admitted = wl("w-s", asked=3, admitted=3, conds=ADMITTED, replaces="w",
                   created="2026-01-01T00:01:00Z")  # fmt: skip
-    q = read_queue("lq", NS, [cur, admitted])
+    q = read_queue("lq", NS, [cur, admitted], NOW)
     assert q.growing_admitted and q.growing_workers == 3
