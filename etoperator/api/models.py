@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etoperator import naming
+from etoperator.api import claims
 from etoperator.api import fields as f
 from etoperator.api.fields import (  # re-exported: the names the rest of the code uses
     DEFAULT_MAX_WORKERS,
@@ -418,25 +419,7 @@ def parse_scaler(kind: str, body: dict[str, Any]) -> ScalerSpec:
 
 
 def template_secrets(spec: JobSpec) -> list[tuple[str, str]]:
-    """(field, name) of every Secret the launcher and worker templates name: secret and
-    projected volumes, and each container's env and envFrom (init containers too)."""
-    found = []
-    for role, tmpl in (("launcher", spec.launcher.template), ("worker", spec.worker.template)):
-        pod = tmpl.get("spec") or {}
-        at = f"spec.etReplicaSpecs.{role}.template.spec"
-        for i, vol in enumerate(pod.get("volumes") or []):
-            if name := (vol.get("secret") or {}).get("secretName"):
-                found.append((f"{at}.volumes[{i}].secret.secretName", str(name)))
-            for j, src in enumerate((vol.get("projected") or {}).get("sources") or []):
-                if name := (src.get("secret") or {}).get("name"):
-                    found.append((f"{at}.volumes[{i}].projected.sources[{j}].secret", str(name)))
-        for kind in ("initContainers", "containers"):
-            for i, c in enumerate(pod.get(kind) or []):
-                for j, env in enumerate(c.get("env") or []):
-                    ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
-                    if ref.get("name"):
-                        found.append((f"{at}.{kind}[{i}].env[{j}]", str(ref["name"])))
-                for j, src in enumerate(c.get("envFrom") or []):
-                    if name := (src.get("secretRef") or {}).get("name"):
-                        found.append((f"{at}.{kind}[{i}].envFrom[{j}]", str(name)))
-    return found
+    """(field, name) of every Secret the launcher and worker templates name."""
+    return claims.template_secrets(
+        {"launcher": spec.launcher.template, "worker": spec.worker.template}
+    )

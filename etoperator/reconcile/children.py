@@ -13,6 +13,7 @@ from typing import Any
 
 from etoperator import metrics, naming
 from etoperator import status as st
+from etoperator.api import claims
 from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, scalers, ssh
@@ -228,6 +229,9 @@ class Children:
         spec = obs.spec
         assert spec is not None
         name = naming.secret_name(spec.name)
+        claimed = self.claimed(spec.namespace, name, spec.uid)
+        if claimed:
+            return claimed
         comment = f"etoperator-{spec.name}"
         jid = job_id(spec.namespace, spec.name, spec.uid)
         kept = self.keys.text.get(f"{jid}/{name}")
@@ -247,6 +251,20 @@ class Children:
             )
             message = f"Secret {name} was missing; recreated {how}"
             self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+        return problems
+
+    def claimed(self, namespace: str, secret: str, uid: str) -> list[str]:
+        """Another job that names this job's Secret-to-be would have its key mounted the
+        moment it exists (the kubelet retries a missing Secret, `optional: true` too): checked
+        as it is made, so no order of creation gets past it."""
+        problems = []
+        for other in self.kube.list(naming.JOB_KIND, namespace):
+            at = claims.claims(other, secret) if other["metadata"].get("uid") != uid else None
+            if at:
+                problems.append(
+                    f"TrainingJob {other['metadata']['name']} names Secret {secret} ({at}), "
+                    "which would hold this job's private key: not made until it no longer does"
+                )
         return problems
 
     def repair_config_map(self, obs: Observed, owner: Owner) -> list[str]:

@@ -1,0 +1,50 @@
+"""Round four of bad input that harmed or went unanswered: each gets a clear answer, loses
+nothing, and cannot be got past by ordering (an object made later, or made first)."""
+
+from __future__ import annotations
+
+import pytest
+
+from localcluster.manifests import job
+from tests.harness import Cluster, wait_for
+from tests.support.waits import running
+
+pytestmark = pytest.mark.integration
+
+
+def uids(cluster: Cluster, ns: str, job_name: str) -> dict[str, str]:
+    return {p: cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, job_name)}
+
+
+def test_a_secret_named_before_its_job_exists_never_holds_that_job_s_key(
+    cluster: Cluster, ns: str
+) -> None:
+    """Job a's worker mounts Secret b (optional: it need not exist). The template check asks
+    only of Secrets that exist, and a job's SSH Secret is named after the job: TrainingJob b,
+    made later, had its private key mounted into a's running worker. Now b's Secret is not
+    made while another job names it: b says why, a runs on untouched, and b starts once a
+    no longer names it."""
+    a = job("a", replicas=1)
+    pod = a["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
+    pod["volumes"].append({"name": "stolen", "secret": {"secretName": "b", "optional": True}})
+    pod["containers"][0]["volumeMounts"].append({"name": "stolen", "mountPath": "/stolen"})
+    cluster.create(a, ns)
+    running(cluster, ns, "a", 1)
+    before = uids(cluster, ns, "a")
+    cluster.create(job("b", replicas=1), ns)
+
+    def blocked() -> bool:
+        cond = cluster.condition(ns, "b", "Blocked") or {}
+        return cond.get("status") == "True" and "TrainingJob a names Secret b" in str(
+            cond.get("message")
+        )
+
+    wait_for(blocked, 20, "b blocked, naming a")
+    cluster.wait_event(ns, "b", "ChildConflict", "Warning")
+    assert cluster.api.get("Secret", ns, "b") is None
+    assert cluster.pods(ns, "b", live=False) == []
+    stolen = cluster.exec(ns, "a-worker-0", "ls", "-A", "/stolen").stdout.split()
+    assert stolen == [], f"b's key reached a's worker: {stolen}"
+    assert uids(cluster, ns, "a") == before and cluster.phase(ns, "a") == "Running"
+    cluster.kubectl("delete", "tj", "a", "-n", ns)
+    running(cluster, ns, "b", 1)
