@@ -228,6 +228,14 @@ class Draft:
             return None
         return sc
 
+    def run_goes_on(self) -> bool:
+        """The run's launcher is there and not going. Said of a job Suspended or Queued that
+        is neither suspended nor held by its queue now: nothing stopped the run, so that phase
+        was written by someone else (with status rights), and the run goes on; only a run
+        that stopped starts afresh."""
+        launcher = self.launcher
+        return launcher is not None and not launcher.deleting and not launcher.gone_bad
+
     def come_back(self, why: str) -> None:
         """Something is in flight: come back soon (a watch event may not tell of it)."""
         if why not in self.pending:

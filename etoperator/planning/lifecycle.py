@@ -71,6 +71,9 @@ def plan_pass(d: Draft) -> Plan:
         queueing.suspended(d)
     elif queueing.hold_for_queue(d) or gangs.hold_for_gang(d):
         pass
+    elif phase in (st.SUSPENDED, st.QUEUED) and d.run_goes_on():
+        repair_phase(d, phase)
+        advance_run(d)
     elif phase == st.SUSPENDED:
         d.start_fresh_run()
         d.set_cond(st.SUSPENDED, "False", "Resumed", "job resumed")
@@ -91,6 +94,13 @@ def plan_pass(d: Draft) -> Plan:
     if d.phase not in st.TERMINAL:
         gangs.settle(d)
     return complete_plan(d)
+
+
+def repair_phase(d: Draft, phase: str) -> None:
+    message = (
+        f"the status said {phase}, but nothing stopped the run (its launcher runs): it goes on"
+    )
+    d.plan.events.append(Event("Warning", "StatusRepaired", message))
 
 
 def make_basics(d: Draft) -> None:

@@ -53,7 +53,7 @@ def hold_for_queue(d: Draft) -> bool:
         follow_spec(d, q)
         again = f" again after an eviction ({q.evicted})" if q.evicted else ""
         return wait(d, QUEUED, f"queued in {q.queue}{again}: {q.why or 'waiting for quota'}")
-    if d.phase == st.QUEUED:
+    if d.phase == st.QUEUED and not d.run_goes_on():  # else a phase forged over a run
         admit(d, q)
     if q.handing_over:  # its admission comes in a moment, or the job stops (HANDOVER)
         d.plan.requeue = min(d.plan.requeue, 2.0)
