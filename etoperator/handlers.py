@@ -83,6 +83,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prober=prober,
         ssh_checks=cfg.ssh_checks,
         max_workers=cfg.max_workers,
+        own_account=cfg.own_account,
         probe_pool=concurrent.futures.ThreadPoolExecutor(cfg.workers, "etoperator-ssh"),
         tainted_nodes=lambda: set(tainted),
     )

@@ -41,6 +41,8 @@ class Settings:
     lease_namespace: str
     identity: str
     namespaces: tuple[str, ...] = ()  # chosen namespaces (-n); none: all of them
+    # The operator's own ServiceAccount ("<namespace>/<name>"): never given to a pod it makes.
+    own_account: str = ""
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,6 +70,7 @@ class Settings:
             or "etoperator-system",
             identity=own_identity(env),
             namespaces=tuple(n for n in env.get("ETOPERATOR_NAMESPACES", "").split(",") if n),
+            own_account=env.get("ETOPERATOR_SERVICE_ACCOUNT", ""),
         )
 
     @property

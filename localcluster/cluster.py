@@ -80,6 +80,8 @@ class OperatorProcess:
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "KUBECONFIG": str(self.kubeconfig),
+            # Its token is this account's (deploy/rbac.yaml), as the Deployment says.
+            "ETOPERATOR_SERVICE_ACCOUNT": f"{OPERATOR_NS}/{OPERATOR_SA}",
             **self.env,
         }
         forked = self._fork(cmd, env) if self.warm else None

@@ -120,6 +120,7 @@ class JobReconciler:
         prober: SSHProber | None = None,
         ssh_checks: bool = True,
         max_workers: int = DEFAULT_MAX_WORKERS,
+        own_account: str = "",
         probe_pool: concurrent.futures.ThreadPoolExecutor | None = None,
         tainted_nodes: Callable[[], set[str]] = set,
         clock: Callable[[], datetime] = utcnow,
@@ -130,7 +131,7 @@ class JobReconciler:
         observer = Observer(
             kube, keys, prober or SSHProber(), probe_pool or concurrent.futures.ThreadPoolExecutor(
                 16, "etoperator-ssh"
-            ), ssh_checks, max_workers, tainted_nodes,
+            ), ssh_checks, max_workers, tainted_nodes, own_account=own_account,
         )  # fmt: skip
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
         children = Children(kube, keys, writes, pool, access, clock)

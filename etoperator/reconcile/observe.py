@@ -115,6 +115,20 @@ _TRANSIENT = ("ContainerCreating", "PodInitializing")
 LOG_EVERY = 5.0  # seconds between reads of a launcher's log while a ScaleOut waits on Horovod
 
 
+def borrowed_identity(spec: JobSpec, own_account: str) -> str | None:
+    """Pure: a template that runs its pod as the operator's own ServiceAccount (its token lists
+    every Secret of the cluster) is refused, naming the field."""
+    for role, tmpl in (("launcher", spec.launcher.template), ("worker", spec.worker.template)):
+        account = (tmpl.get("spec") or {}).get("serviceAccountName")
+        if account and f"{spec.namespace}/{account}" == own_account:
+            return (
+                f"spec.etReplicaSpecs.{role}.template.spec.serviceAccountName names "
+                f"{account}, the operator's own ServiceAccount: a pod it makes never runs "
+                "with the operator's identity"
+            )
+    return None
+
+
 def words_about(log: str, names: list[str], most: int = 3, width: int = 240) -> list[str]:
     """Pure: the last `most` distinct lines of `log` naming one of `names` (as a whole word:
     worker-1 is not worker-10), each cut to `width` characters."""
@@ -247,10 +261,13 @@ class Observer:
     # Per job: when its launcher's log was last read, and the lines it said of joining workers.
     _said: dict[str, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
     now: Callable[[], float] = time.monotonic
+    own_account: str = ""  # the operator's ServiceAccount, "<namespace>/<name>"
 
     def parse(self, obs: Observed) -> Observed:
         try:
             obs.spec, obs.error = parse_job(obs.job, self.max_workers), None
+            obs.error = borrowed_identity(obs.spec, self.own_account)
+            obs.spec = None if obs.error else obs.spec
         except InvalidSpec as exc:
             obs.spec, obs.error = None, str(exc)
         return obs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running
@@ -48,3 +49,25 @@ def test_a_secret_named_before_its_job_exists_never_holds_that_job_s_key(
     assert uids(cluster, ns, "a") == before and cluster.phase(ns, "a") == "Running"
     cluster.kubectl("delete", "tj", "a", "-n", ns)
     running(cluster, ns, "b", 1)
+
+
+def test_a_pod_never_runs_as_the_operator_s_own_account(cluster: Cluster, ns: str) -> None:
+    """Where jobs may be made in the operator's own namespace, a launcher template naming the
+    operator's ServiceAccount ran with its token (which lists every Secret of the cluster)."""
+    body = job("borrow", replicas=1)
+    body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["serviceAccountName"] = (
+        OPERATOR_SA
+    )
+    cluster.create(body, OPERATOR_NS)
+    try:
+        wait_for(lambda: cluster.phase(OPERATOR_NS, "borrow") == "Failed", 20, "refused")
+        failed = cluster.condition(OPERATOR_NS, "borrow", "Failed") or {}
+        assert failed.get("reason") == "InvalidSpec", failed
+        assert "launcher.template.spec.serviceAccountName" in str(failed.get("message"))
+        assert cluster.pods(OPERATOR_NS, "borrow", live=False) == []
+        # Elsewhere an account of that name is the user's own: taken as it is.
+        cluster.kubectl("create", "serviceaccount", OPERATOR_SA, "-n", ns)
+        cluster.create(body, ns)
+        running(cluster, ns, "borrow", 1)
+    finally:
+        cluster.kubectl("delete", "tj", "borrow", "-n", OPERATOR_NS, "--wait=false")
