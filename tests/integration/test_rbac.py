@@ -137,9 +137,9 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
     wait_for(lambda: cluster.phase(ns, "less", "ScaleIn") == "ScaleSucceeded", 60)
     ran = cluster.condition(ns, "less", "ScriptExecuted", "ScaleIn") or {}
     assert ran.get("status") == "True", ran
-    # A ScaleOut Horovod never takes in (a stand-in Horovod process on a host): the launcher's
-    # log is read for what it said of the new worker (pods/log).
-    with horovod_process(cluster, ns, "rb", "rb-worker-1", "rb-worker-1"):
+    # A ScaleOut Horovod never takes in (a stand-in Horovod process on the first host, the one
+    # asked): the launcher's log is read for what it said of the new worker (pods/log).
+    with horovod_process(cluster, ns, "rb", "rb-worker-0", "rb-worker-0"):
         cluster.create(scaleout("stalled", "rb", 1, timeout=30), ns)
         wait_for(
             lambda: "WaitingForHorovod"
