@@ -209,10 +209,10 @@ def test_a_worker_is_listed_only_once_the_launcher_resolves_its_name(
     was asked on the worker itself, where the kubelet's /etc/hosts holds it), Horovod's ssh
     from the launcher failed ("Could not resolve hostname"), and the job failed. Now it is
     listed only once the launcher resolves it, and the ScaleOut succeeds then."""
-    cluster.create(horovod_job("lag", 1, steps=1_000_000, maxReplicas=3), ns)
+    cluster.create(horovod_job("lag", 2, steps=1_000_000, maxReplicas=3), ns)
     tr = training(cluster, ns, "lag")
-    wait_for(lambda: any(s[1] == 1 for s in tr.read().steps), 180, "training at size 1")
-    new = "lag-worker-1"
+    wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
+    new = "lag-worker-2"
     with cluster.cp.paused("kube-controller-manager"):
         cluster.create(scaleout("grow", "lag", 1, timeout=180), ns)
         wait_for(lambda: cluster.ip(ns, new), 60, "the new worker running")
@@ -227,5 +227,5 @@ def test_a_worker_is_listed_only_once_the_launcher_resolves_its_name(
     asked = time.time()
     settled(cluster, ns, "ScaleOut", "grow", "ScaleSucceeded", 150)
     assert resolves_from_launcher(cluster, ns, "lag", new)
-    wait_for(lambda: tr.first_step_at(2, asked), 120, "training at size 2", interval=0.5)
+    wait_for(lambda: tr.first_step_at(3, asked), 120, "training at size 3", interval=0.5)
     assert cluster.phase(ns, "lag") in ("Running", "Scaling"), cluster.pod_log(ns, "lag-launcher")
