@@ -35,6 +35,8 @@ def hold_for_queue(d: Draft) -> bool:
             "is removed"
         )
         return wait(d, "KueueNotInstalled", why, warn=True)
+    if q.finished and q.replaced:
+        return admission_lost(d, q)
     if q.finished:
         fail_job(d, "WorkloadFinished", f"Kueue ended its Workload {q.workload}: {q.finished}")
         return True
@@ -72,6 +74,19 @@ def wait(d: Draft, reason: str, message: str, warn: bool = False) -> bool:
     old = st.condition(d.status.conditions or [], QUEUED) or {}
     news = old.get("status") != "True" or old.get("reason") != reason
     d.set_cond(QUEUED, "True", reason, message, warn=warn, event=news)
+    return True
+
+
+def admission_lost(d: Draft, q: QueueView) -> bool:
+    """Kueue finished the job's Workload for a slice that is gone (deleted as Kueue admitted
+    it, or one the operator never made): the job did not end, it holds no admission. It stops
+    as an evicted job does, and queues again with a new Workload once its pods are gone."""
+    why = f"Kueue finished its Workload {q.workload} for a slice that is gone ({q.finished})"
+    wait(d, "AdmissionLost", f"{why}; queued again", warn=True)
+    if not d.inp.pods:
+        d.plan.delete_workloads.append(q.workload)  # the next pass makes a new one
+    else:
+        d.come_back("the pods of a job that lost its admission are going")
     return True
 
 

@@ -102,6 +102,9 @@ class QueueView:
     unmade: str | None = None  # why its Workload could not be made (the apiserver's words)
     # A slice's admission follows the finish of what it replaced: the job keeps what it had.
     handing_over: bool = False
+    # The current Workload was finished by Kueue for a slice that is gone (one deleted as
+    # Kueue admitted it, or made by someone else): the job lost its admission, it did not end.
+    replaced: bool = False
 
 
 @dataclass(frozen=True)

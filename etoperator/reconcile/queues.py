@@ -148,6 +148,8 @@ def read_queue(
         evicted=said(current, "Evicted") if evicted else "",
         evicted_reason=str(cond(current, "Evicted").get("reason") or "") if evicted else "",
         finished=said(current, "Finished") if is_true(current, "Finished") else "",
+        replaced=cond(current, "Finished").get("reason") == "WorkloadSliceReplaced"
+        and not handover,
         pods_ready=is_true(current, "PodsReady"),
         why=str(cond(current, "QuotaReserved").get("message") or ""),
         growing=growing["metadata"]["name"] if growing else "",

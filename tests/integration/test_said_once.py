@@ -3,11 +3,14 @@ nothing, and cannot be got past by ordering (an object made later, or made first
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job
 from tests.harness import Cluster, wait_for
+from tests.support.queues import KUEUE, QuotaWatch, live_workloads, make_queue, queued_job
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
@@ -72,3 +75,45 @@ def test_a_pod_never_runs_as_the_operator_s_own_account(cluster: Cluster, ns: st
         running(cluster, ns, "borrow", 1)
     finally:
         cluster.kubectl("delete", "tj", "borrow", "-n", OPERATOR_NS, "--wait=false")
+
+
+def test_a_forged_slice_never_fails_a_running_job(cluster: Cluster, ns: str) -> None:
+    """A Workload copied from the job's (its labels, controller reference, and the slice
+    annotation naming the job's Workload) with a larger count: Kueue admitted it and finished
+    the job's Workload, the operator deleted it as a stray, then read its own Workload as ended:
+    Failed/WorkloadFinished, every pod deleted. Only slices the operator made are slices: the
+    job never fails, no pod runs outside an admission, and it runs again at its size."""
+    cq = make_queue(cluster, ns, pods=6)
+    with QuotaWatch(cluster, ns, cq):
+        cluster.create(queued_job("mark", maxReplicas=4), ns)
+        wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2, 60, "mark running")
+        (real,) = live_workloads(cluster, ns, "mark")
+        spec = {k: v for k, v in real["spec"].items() if k != "active"}
+        spec["podSets"] = [
+            {**ps, "count": 3 if ps["name"] == "worker" else ps["count"]}
+            for ps in real["spec"]["podSets"]
+        ]
+        forged = {
+            "apiVersion": KUEUE,
+            "kind": "Workload",
+            "metadata": {
+                "name": real["metadata"]["name"] + "-forged",
+                "namespace": ns,
+                "labels": real["metadata"]["labels"],
+                "ownerReferences": real["metadata"]["ownerReferences"],
+                "annotations": {
+                    **(real["metadata"].get("annotations") or {}),
+                    "kueue.x-k8s.io/workload-slice-replacement-for": f"{ns}/"
+                    + real["metadata"]["name"],
+                },
+            },
+            "spec": spec,
+        }
+        cluster.api.create(forged)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # sampled: the job never fails
+            assert cluster.phase(ns, "mark") != "Failed", cluster.describe(ns, "mark")
+            time.sleep(0.2)  # the sampling period
+        wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2 and cluster.phase(ns, "mark")
+                 == "Running", 90, "mark running at 2")  # fmt: skip
+        assert len(live_workloads(cluster, ns, "mark")) == 1

@@ -8,7 +8,10 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from etoperator.planning import plan_job
 from etoperator.reconcile.queues import read_queue
+from tests.unit.test_planning import launcher, running_status, w
+from tests.unit.test_queueing import cond, qspec, queued
 
 NS = "ns"
 NOW = datetime(2026, 1, 1, 0, 1, 5)  # 5 s after the slices below were made
@@ -105,3 +108,21 @@ def test_a_slice_is_room_only_once_admitted() -> None:
                   created="2026-01-01T00:01:00Z")  # fmt: skip
     q = read_queue("lq", NS, [cur, admitted], NOW)
     assert q.growing_admitted and q.growing_workers == 3
+
+
+def test_a_workload_finished_for_a_slice_that_is_gone_is_an_admission_lost() -> None:
+    """A slice (a forged one, or one deleted as Kueue admitted it) replaced the job's Workload
+    and is gone: the job did not end (it was read as Failed/WorkloadFinished, every pod
+    deleted); it lost its admission, stops, and queues again."""
+    old = wl("w", asked=2, admitted=2, conds=REPLACED)
+    q = read_queue("lq", NS, [old], NOW)
+    assert q.finished and q.replaced and not q.admitted
+    spec = qspec(replicas=2)
+    pods = [w(0), w(1), launcher()]
+    plan = plan_job(queued(spec, running_status([0, 1]), pods, q))
+    assert (
+        plan.status.phase == "Queued" and cond(plan.status, "Queued")["reason"] == "AdmissionLost"
+    )
+    assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
+    later = plan_job(queued(spec, plan.status, [], q))
+    assert later.delete_workloads == ["w"] and later.status.phase == "Queued"
