@@ -30,6 +30,14 @@ def hold_for_gang(d: Draft) -> bool:
     return True
 
 
+def waiting(d: Draft) -> str:
+    """Why the job's gang keeps it from running ("" when it does not)."""
+    pending = st.condition(d.status.conditions or [], PENDING) or {}
+    if pending.get("status") != "True" or d.phase not in (st.CREATED, None):
+        return ""
+    return f"its gang is not placed: {pending.get('message') or pending.get('reason')}"
+
+
 def settle(d: Draft) -> None:
     """The group before any worker; GangPending while members wait to be placed together,
     with how many of the minimum are placed (an Event when it starts waiting)."""

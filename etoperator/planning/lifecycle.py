@@ -15,6 +15,7 @@ from etoperator.planning import gangs, queueing
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
+from etoperator.planning.scaling import hold_scalers
 from etoperator.planning.views import JobInput, Plan
 from etoperator.status import Event
 
@@ -87,6 +88,8 @@ def plan_pass(d: Draft) -> Plan:
         advance_run(d)
     else:
         advance_run(d)
+    if d.phase in (st.QUEUED, st.SUSPENDED) or gangs.waiting(d):
+        hold_scalers(d, not_running_why(d))
     if d.phase in st.TERMINAL and phase not in st.TERMINAL:
         queueing.finished(d)  # ended this pass
     else:
@@ -101,6 +104,15 @@ def repair_phase(d: Draft, phase: str) -> None:
         f"the status said {phase}, but nothing stopped the run (its launcher runs): it goes on"
     )
     d.plan.events.append(Event("Warning", "StatusRepaired", message))
+
+
+def not_running_why(d: Draft) -> str:
+    if d.phase == st.SUSPENDED:
+        return "it is suspended"
+    if d.phase == st.QUEUED:
+        queued = st.condition(d.status.conditions or [], queueing.QUEUED) or {}
+        return str(queued.get("message") or "it is queued")
+    return gangs.waiting(d)
 
 
 def make_basics(d: Draft) -> None:

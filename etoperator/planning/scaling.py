@@ -327,6 +327,10 @@ def start_scalers(d: Draft, m: Members) -> Members:
             m = m.without(*planned)
             what = f"removing {', '.join(planned)}"
         new = copy.deepcopy(sc.status)
+        if st.is_true(new.conditions or [], "Waiting"):  # for its job to exist, or to run
+            new.conditions, _ = st.set_condition(
+                new.conditions or [], "Waiting", "False", "Started", "the scale started", d.now
+            )
         if isinstance(new, ScaleOutStatus):
             new.add_pods = planned
         else:
@@ -339,6 +343,25 @@ def start_scalers(d: Draft, m: Members) -> Members:
         d.come_back("a scaler started")
         return m
     return m
+
+
+def hold_scalers(d: Draft, why: str) -> None:
+    """The job does not run (queued, suspended, its gang not placed): its scalers wait, saying
+    so, and one whose timeout passes (from its creation) fails then; they start once it runs."""
+    for sc in sorted(d.inp.scalers, key=scaler_order):
+        if sc.phase in st.SCALE_TERMINAL or sc.spec is None or sc.kind_name in d.plan.scaler_status:
+            continue
+        created = parse_iso(sc.created)
+        limit = timedelta(seconds=sc.spec.timeout)
+        if created is not None and d.inp.now - created >= limit:
+            what = f"job {d.spec.name} did not run within the {sc.spec.timeout}s timeout ({why})"
+            d.fail_scaler(sc, "JobNotRunning", what)
+            continue
+        what = f"job {d.spec.name} does not run ({why}): the scale starts once it does"
+        d.set_scaler_cond(sc, "", "Waiting", "JobNotRunning", f"{what} (up to its timeout)")
+        if created is not None:
+            left = (created + limit - d.inp.now).total_seconds()
+            d.plan.requeue = min(d.plan.requeue, max(left, 0.1))
 
 
 def follow_replicas(d: Draft, shrunk: bool) -> None:
