@@ -8,7 +8,7 @@ import time
 import pytest
 
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
-from localcluster.manifests import job
+from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
 from tests.support.queues import KUEUE, QuotaWatch, live_workloads, make_queue, queued_job
 from tests.support.waits import running
@@ -117,3 +117,24 @@ def test_a_forged_slice_never_fails_a_running_job(cluster: Cluster, ns: str) -> 
         wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2 and cluster.phase(ns, "mark")
                  == "Running", 90, "mark running at 2")  # fmt: skip
         assert len(live_workloads(cluster, ns, "mark")) == 1
+
+
+def test_a_scaler_of_a_queued_job_is_answered_and_its_timeout_runs(
+    cluster: Cluster, ns: str
+) -> None:
+    """Scalers of a job that does not run got no status, and their timeout never ran (222 s
+    with `timeout: 20`): they ran later, or never."""
+    make_queue(cluster, ns, pods=1)  # room for nothing of it
+    cluster.create(queued_job("stuck"), ns)
+    wait_for(lambda: cluster.phase(ns, "stuck") == "Queued", 20, "queued")
+    cluster.create(scaleout("more", "stuck", 1, timeout=8), ns)
+
+    def waits() -> bool:
+        cond = cluster.condition(ns, "more", "Waiting", "ScaleOut") or {}
+        return cond.get("reason") == "JobNotRunning" and "quota" in str(cond.get("message"))
+
+    wait_for(waits, 10, "the scaler saying it waits for its job")
+    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 20, "its timeout")
+    failed = cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}
+    assert "did not run within the 8s timeout" in str(failed.get("message")), failed
+    assert cluster.pods(ns, "stuck", live=False) == []
