@@ -186,6 +186,9 @@ class Queues:
         if not obs.workloads:
             return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
         view = read_queue(spec.queue, spec.namespace, obs.workloads, self.clock())
+        unmade = self._unmade.get(f"{job_id(spec)}/slice")
+        if unmade and not view.growing:  # why a ScaleOut's slice could not be made
+            view = dataclasses.replace(view, growing_why=unmade)
         if not view.admitted_workers or view.evicted:
             return view
         current = order(obs.workloads)[0][0]
@@ -251,26 +254,30 @@ class Queues:
         self, spec: JobSpec, owner: Owner, name: str, workers: int, replacing: str | None
     ) -> list[str]:
         priority = None
+        key = job_id(spec) + ("/slice" if replacing else "")
         if spec.priority_class:
             found = self.kube.get_cluster("WorkloadPriorityClass", spec.priority_class)
             if found is None:
-                return [
+                why = (
                     f"WorkloadPriorityClass {spec.priority_class} (label "
-                    f"{naming.LABEL_KUEUE_PRIORITY}) does not exist; the job is not queued"
-                ]
+                    f"{naming.LABEL_KUEUE_PRIORITY}) does not exist"
+                )
+                if replacing is None:
+                    return [f"{why}; the job is not queued"]
+                self._unmade[key] = f"its Workload slice cannot be made: {why}"
+                return []
             priority = wl.Priority(spec.priority_class, int(found.get("value") or 0))
         body = wl.workload(spec, owner, name, workers, priority, replacing)
         try:
             self.kube.create(body)
         except AlreadyExists:
             return []  # made by an earlier pass whose answer was lost: the watch brings it
-        except ApiError as exc:
-            if replacing is None:  # said by the job's next pass, which tries again
-                self._unmade[job_id(spec)] = str(exc)
+        except ApiError as exc:  # said by the job's next pass, which tries again
+            self._unmade[key] = str(exc) if replacing is None else f"not made: {exc}"
             log.warning("Workload not made namespace=%s name=%s error=%s",
                         spec.namespace, name, exc)  # fmt: skip
             return []
-        self._unmade.pop(job_id(spec), None)
+        self._unmade.pop(key, None)
         log.info(
             "Created Workload namespace=%s name=%s queue=%s workers=%d",
             spec.namespace, name, spec.queue, workers,

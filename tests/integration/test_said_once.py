@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import yaml
 
+from etoperator import naming
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
@@ -138,3 +140,22 @@ def test_a_scaler_of_a_queued_job_is_answered_and_its_timeout_runs(
     failed = cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}
     assert "did not run within the 8s timeout" in str(failed.get("message")), failed
     assert cluster.pods(ns, "stuck", live=False) == []
+
+
+def test_a_scale_out_whose_slice_cannot_be_made_says_why(cluster: Cluster, ns: str) -> None:
+    """The job's priority-class label names a WorkloadPriorityClass that is gone: its slice
+    cannot be made, and the ScaleOut said only "queued"."""
+    make_queue(cluster, ns, pods=6)
+    wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+           "metadata": {"name": f"gone-{ns}"}, "value": 10}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+    body = queued_job("prio", maxReplicas=3)
+    body["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"gone-{ns}"
+    cluster.create(body, ns)
+    wait_for(lambda: len(cluster.hosts(ns, "prio")) == 2, 60, "running")
+    cluster.kubectl("delete", "workloadpriorityclass", f"gone-{ns}")
+    cluster.create(scaleout("more", "prio", 1, timeout=8), ns)
+    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 30, "failed")
+    failed = str((cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}).get("message"))
+    assert f"WorkloadPriorityClass gone-{ns}" in failed and "does not exist" in failed, failed
+    assert cluster.phase(ns, "prio") == "Running" and len(cluster.hosts(ns, "prio")) == 2
