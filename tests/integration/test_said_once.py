@@ -12,7 +12,7 @@ from etoperator import naming
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job, scaleout
 from tests.harness import Cluster, wait_for
-from tests.support.queues import KUEUE, QuotaWatch, live_workloads, make_queue, queued_job
+from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration
@@ -83,42 +83,55 @@ def test_a_forged_slice_never_fails_a_running_job(cluster: Cluster, ns: str) -> 
     """A Workload copied from the job's (its labels, controller reference, and the slice
     annotation naming the job's Workload) with a larger count: Kueue admitted it and finished
     the job's Workload, the operator deleted it as a stray, then read its own Workload as ended:
-    Failed/WorkloadFinished, every pod deleted. Only slices the operator made are slices: the
-    job never fails, no pod runs outside an admission, and it runs again at its size."""
-    cq = make_queue(cluster, ns, pods=6)
-    with QuotaWatch(cluster, ns, cq):
-        cluster.create(queued_job("mark", maxReplicas=4), ns)
-        wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2, 60, "mark running")
-        (real,) = live_workloads(cluster, ns, "mark")
-        spec = {k: v for k, v in real["spec"].items() if k != "active"}
-        spec["podSets"] = [
-            {**ps, "count": 3 if ps["name"] == "worker" else ps["count"]}
-            for ps in real["spec"]["podSets"]
-        ]
-        forged = {
-            "apiVersion": KUEUE,
-            "kind": "Workload",
-            "metadata": {
-                "name": real["metadata"]["name"] + "-forged",
-                "namespace": ns,
-                "labels": real["metadata"]["labels"],
-                "ownerReferences": real["metadata"]["ownerReferences"],
-                "annotations": {
-                    **(real["metadata"].get("annotations") or {}),
-                    "kueue.x-k8s.io/workload-slice-replacement-for": f"{ns}/"
-                    + real["metadata"]["name"],
-                },
+    Failed/WorkloadFinished, every pod deleted. (The operator is stopped meanwhile, so that
+    Kueue's admission comes before the stray's deletion, as it did.) Only slices the operator
+    made are slices: the job lost its admission, it did not end; it queues again and runs."""
+    make_queue(cluster, ns, pods=6)
+    cluster.create(queued_job("mark", maxReplicas=4), ns)
+    wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2, 60, "mark running")
+    (real,) = live_workloads(cluster, ns, "mark")
+    spec = {k: v for k, v in real["spec"].items() if k != "active"}
+    spec["podSets"] = [
+        {**ps, "count": 3 if ps["name"] == "worker" else ps["count"]}
+        for ps in real["spec"]["podSets"]
+    ]
+    name = real["metadata"]["name"]
+    forged = {
+        "apiVersion": KUEUE,
+        "kind": "Workload",
+        "metadata": {
+            "name": f"{name}-forged",
+            "namespace": ns,
+            "labels": real["metadata"]["labels"],
+            "ownerReferences": real["metadata"]["ownerReferences"],
+            "annotations": {
+                **(real["metadata"].get("annotations") or {}),
+                "kueue.x-k8s.io/workload-slice-replacement-for": f"{ns}/{name}",
             },
-            "spec": spec,
-        }
+        },
+        "spec": spec,
+    }
+    cluster.operator.kill()
+    try:
         cluster.api.create(forged)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # sampled: the job never fails
-            assert cluster.phase(ns, "mark") != "Failed", cluster.describe(ns, "mark")
-            time.sleep(0.2)  # the sampling period
-        wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2 and cluster.phase(ns, "mark")
-                 == "Running", 90, "mark running at 2")  # fmt: skip
-        assert len(live_workloads(cluster, ns, "mark")) == 1
+        wait_for(lambda: forged_body(cluster, ns, name),
+                 30, "Kueue finishing the job's Workload for the forged one")  # fmt: skip
+        cluster.api.delete(naming.WORKLOAD_KIND, ns, f"{name}-forged")
+    finally:
+        cluster.operator.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # sampled: the job never fails
+        assert cluster.phase(ns, "mark") != "Failed", cluster.describe(ns, "mark")
+        time.sleep(0.2)  # the sampling period
+    wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2 and cluster.phase(ns, "mark")
+             == "Running", 90, "mark running at 2 again")  # fmt: skip
+    assert len(live_workloads(cluster, ns, "mark")) == 1
+
+
+def forged_body(cluster: Cluster, ns: str, name: str) -> dict[str, object] | None:
+    """The forged Workload once it is the job's only live one (Kueue finished the real one)."""
+    live = live_workloads(cluster, ns, "mark")
+    return live[0] if [w["metadata"]["name"] for w in live] == [f"{name}-forged"] else None
 
 
 def test_a_scaler_of_a_queued_job_is_answered_and_its_timeout_runs(
