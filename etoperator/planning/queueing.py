@@ -40,6 +40,15 @@ def hold_for_queue(d: Draft) -> bool:
     if q.finished:
         fail_job(d, "WorkloadFinished", f"Kueue ended its Workload {q.workload}: {q.finished}")
         return True
+    if not q.workload and d.run_goes_on():
+        if not was_admitted(d):
+            return queued_while_running(d, q)
+        d.plan.make_workload = d.spec.worker.replicas
+        why = (
+            "its Workload was deleted while it ran: no admission holds its pods, so it stops "
+            "and queues again with a new one (as Kueue's own integrations do)"
+        )
+        return wait(d, "WorkloadDeleted", why, warn=True)
     if not q.workload:
         d.plan.make_workload = d.spec.worker.replicas
         if q.unmade:
@@ -60,6 +69,28 @@ def hold_for_queue(d: Draft) -> bool:
     if q.handing_over:  # its admission comes in a moment, or the job stops (HANDOVER)
         d.plan.requeue = min(d.plan.requeue, 2.0)
     d.plan.placement = dict(q.placement)
+    return False
+
+
+def was_admitted(d: Draft) -> bool:
+    queued = st.condition(d.status.conditions or [], QUEUED) or {}
+    return queued.get("reason") == "Admitted"
+
+
+def queued_while_running(d: Draft, q: QueueView) -> bool:
+    """The queue label was added to a running job: Kueue's own integrations refuse a queue
+    change on a running job; this one cannot refuse it, so it takes effect at the job's next
+    start, and the run goes on (said once, as a Warning)."""
+    message = (
+        f"labelled {naming.LABEL_QUEUE}={q.queue} while it runs: a running job's queue does "
+        "not change (as in Kueue's own integrations); it runs on, and is queued from its next "
+        "start"
+    )
+    old = st.condition(d.status.conditions or [], QUEUED) or {}
+    news = old.get("reason") != "QueuedAtNextStart"
+    d.set_cond(QUEUED, "False", "QueuedAtNextStart", message, event=False)
+    if news:
+        d.plan.events.append(Event("Warning", "QueuedAtNextStart", message))
     return False
 
 

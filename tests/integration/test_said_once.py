@@ -172,3 +172,19 @@ def test_a_scale_out_whose_slice_cannot_be_made_says_why(cluster: Cluster, ns: s
     failed = str((cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}).get("message"))
     assert f"WorkloadPriorityClass gone-{ns}" in failed and "does not exist" in failed, failed
     assert cluster.phase(ns, "prio") == "Running" and len(cluster.hosts(ns, "prio")) == 2
+
+
+def test_a_queue_label_added_to_a_running_job_loses_nothing(cluster: Cluster, ns: str) -> None:
+    """Adding the queue label to a running job restarted the run, every worker replaced.
+    Kueue's own integrations refuse a queue change on a running job: here it takes effect at
+    the job's next start, and the job says so."""
+    make_queue(cluster, ns, pods=6)
+    cluster.create(job("late", replicas=2), ns)
+    running(cluster, ns, "late", 2)
+    before = uids(cluster, ns, "late")
+    cluster.kubectl("label", "tj", "late", "-n", ns, f"{naming.LABEL_QUEUE}=lq")
+    cluster.wait_event(ns, "late", "QueuedAtNextStart", "Warning")
+    cond = cluster.condition(ns, "late", "Queued") or {}
+    assert cond.get("status") == "False" and "next start" in str(cond.get("message")), cond
+    assert uids(cluster, ns, "late") == before and cluster.phase(ns, "late") == "Running"
+    assert live_workloads(cluster, ns, "late") == []

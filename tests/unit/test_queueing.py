@@ -168,11 +168,35 @@ VIEWS = st.builds(
 def test_no_pod_is_ever_made_without_an_admission(
     q: QueueView, members: int, launched: bool
 ) -> None:
+    """A job admitted before (a label added to a running job is the next test's)."""
     pods = [w(i) for i in range(members)] + ([launcher()] if launched else [])
-    plan = plan_job(queued(qspec(replicas=members), running_status(list(range(members))), pods, q))
+    status = running_status(list(range(members)))
+    status["conditions"].append(ADMITTED_COND)
+    plan = plan_job(queued(qspec(replicas=members), status, pods, q))
     assert plan.create_workers == [] and not plan.create_launcher
     assert sorted(plan.delete_pods) == sorted(p.name for p in pods)
     assert plan.status.phase == "Queued"
+
+
+ADMITTED_COND = {"type": "Queued", "status": "False", "reason": "Admitted", "message": "x"}
+
+
+def test_a_queue_label_added_to_a_running_job_takes_effect_at_its_next_start() -> None:
+    """It restarted the run (every worker replaced); Kueue's integrations refuse the change."""
+    pods = [w(0), w(1), launcher()]
+    plan = plan_job(queued(qspec(replicas=2), running_status([0, 1]), pods, QueueView("lq")))
+    assert plan.delete_pods == [] and plan.make_workload is None
+    assert plan.status.phase == "Running"
+    assert cond(plan.status, "Queued")["reason"] == "QueuedAtNextStart"
+    assert [e.reason for e in plan.events if e.type == "Warning"] == ["QueuedAtNextStart"]
+
+
+def test_a_running_job_whose_workload_was_deleted_says_so_and_queues_again() -> None:
+    status = running_status([0, 1])
+    status["conditions"].append(ADMITTED_COND)
+    plan = plan_job(queued(qspec(replicas=2), status, [w(0), w(1), launcher()], QueueView("lq")))
+    assert cond(plan.status, "Queued")["reason"] == "WorkloadDeleted"
+    assert plan.make_workload == 2 and plan.status.phase == "Queued"
 
 
 def test_a_job_taken_out_of_its_queue_starts_a_run() -> None:
