@@ -38,7 +38,7 @@ def slim(kind: str, body: Mapping[str, Any]) -> Body:
     out: Body = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": _meta(body)}
     if kind == "Pod":
         spec, status = body.get("spec") or {}, body.get("status") or {}
-        out["spec"] = {"nodeName": spec.get("nodeName")}
+        out["spec"] = {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")}
         wanted = ("phase", "podIP", "reason", "conditions", "containerStatuses")
         out["status"] = {k: copy.deepcopy(status[k]) for k in wanted if k in status}
     elif kind in ("ConfigMap", "Secret"):

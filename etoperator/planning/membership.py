@@ -50,9 +50,16 @@ def advance_run(d: Draft) -> None:
     waiting = [d.workers.get(n) for n in d.status.members]
     if any(not (w and w.ready) for w in waiting):
         d.await_pods("members not ready yet")
+    if any(w and w.phase == "Pending" and not w.bound and not w.waiting for w in waiting):
+        # No scheduler may ever take it up (a schedulerName that names none): nothing would
+        # wake the job to say so; look again once that can be told (observe.UNSCHEDULED).
+        d.plan.requeue = min(d.plan.requeue, UNPLACED_RECHECK)
     if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
         # Its container runs and its sshd is starting: look again as soon as it may listen.
         d.plan.requeue = SSH_RETRY
+
+
+UNPLACED_RECHECK = 21.0  # seconds: a pod with no scheduler's word is said after 20
 
 
 def read_members(d: Draft) -> tuple[Members, ScalerView | None]:

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import paramiko
@@ -25,6 +26,7 @@ from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
+from etoperator.clock import parse_iso, utcnow
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView
 from etoperator.reconcile.state import Keys, job_id
@@ -82,7 +84,9 @@ def scaler_view(body: dict[str, Any], job_uid: str | None) -> ScalerView:
     )
 
 
-def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[PodView]:
+def classify(
+    job: str, pods: list[dict[str, Any]], tainted: set[str], now: datetime | None = None
+) -> list[PodView]:
     """Pure: each pod's role, index, phase, exit and notices; readiness is settled later."""
     views = []
     for p in pods:
@@ -102,7 +106,7 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
                 reason=str(pst.get("reason") or term_reason),
                 run=int(run) if run is not None and str(run).isdigit() else None,
                 leaving=_leaving(p, tainted) if worker else "",
-                waiting=_waiting(pst),
+                waiting=_waiting(pst) or _unscheduled(p, now),
                 ip=str(pst.get("podIP") or ""),
                 bound=bool((p.get("spec") or {}).get("nodeName")),
             )
@@ -112,6 +116,7 @@ def classify(job: str, pods: list[dict[str, Any]], tainted: set[str]) -> list[Po
 
 # Reasons a container waits that pass by themselves: not worth telling the user.
 _TRANSIENT = ("ContainerCreating", "PodInitializing")
+UNSCHEDULED = 20.0  # seconds a pod may wait for any scheduler's word before it is said
 LOG_EVERY = 5.0  # seconds between reads of a launcher's log while a ScaleOut waits on Horovod
 
 
@@ -169,6 +174,28 @@ def _waiting(pst: dict[str, Any]) -> str:
         if waiting.get("reason") and waiting["reason"] not in _TRANSIENT:
             return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
     return ""
+
+
+def _unscheduled(pod: dict[str, Any], now: datetime | None) -> str:
+    """A pod no scheduler has taken up (no PodScheduled condition at all) UNSCHEDULED seconds
+    after it was made: its schedulerName names no scheduler that runs (the pod itself never
+    says so)."""
+    spec, pst = pod.get("spec") or {}, pod.get("status") or {}
+    made = parse_iso(str(pod["metadata"].get("creationTimestamp") or ""))
+    if (
+        now is None
+        or made is None
+        or spec.get("nodeName")
+        or pst.get("phase", "Pending") != "Pending"
+    ):
+        return ""
+    if any(c.get("type") == "PodScheduled" for c in pst.get("conditions") or []):
+        return ""
+    waited = (now - made).total_seconds()
+    if waited < UNSCHEDULED:
+        return ""
+    name = spec.get("schedulerName") or "default-scheduler"
+    return f"NoScheduler: no scheduler has taken it up in {waited:.0f}s (schedulerName {name})"
 
 
 def running_scale(status: JobStatus, scalers: list[ScalerView]) -> tuple[str, list[str]]:
@@ -262,6 +289,7 @@ class Observer:
     _said: dict[str, tuple[float, tuple[str, ...]]] = field(default_factory=dict)
     now: Callable[[], float] = time.monotonic
     own_account: str = ""  # the operator's ServiceAccount, "<namespace>/<name>"
+    wall: Callable[[], datetime] = utcnow
 
     def parse(self, obs: Observed) -> Observed:
         try:
@@ -296,7 +324,7 @@ class Observer:
         running scale's pods, of `scalers`, probed as it needs)."""
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
-        views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes())
+        views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes(), self.wall())
         scale = running_scale(status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None

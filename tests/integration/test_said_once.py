@@ -188,3 +188,19 @@ def test_a_queue_label_added_to_a_running_job_loses_nothing(cluster: Cluster, ns
     assert cond.get("status") == "False" and "next start" in str(cond.get("message")), cond
     assert uids(cluster, ns, "late") == before and cluster.phase(ns, "late") == "Running"
     assert live_workloads(cluster, ns, "late") == []
+
+
+def test_a_scheduler_name_naming_no_scheduler_is_said(cluster: Cluster, ns: str) -> None:
+    """Workers whose schedulerName names no scheduler stay Pending with no word of any
+    scheduler; the job sat Created saying nothing (121 s seen)."""
+    body = job("nosched", replicas=1)
+    body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["schedulerName"] = "no-such"
+    cluster.create(body, ns)
+
+    def said() -> bool:
+        cond = cluster.condition(ns, "nosched", "WorkersPending") or {}
+        return cond.get("status") == "True" and "schedulerName no-such" in str(cond.get("message"))
+
+    wait_for(said, 60, "WorkersPending naming the scheduler")
+    cluster.wait_event(ns, "nosched", "WorkersPending", "Warning")
+    assert cluster.phase(ns, "nosched") == "Created"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -230,3 +231,19 @@ def test_scaler_views_follow_each_change_and_forget_what_is_gone() -> None:
     observer.forget(state.job_prefix("ns", "j"))
     assert observer.scaler_views(observed(job)) == []
     assert observer.held_views() == 0
+
+
+def test_a_pod_no_scheduler_takes_up_is_said_to_wait_for_one() -> None:
+    """A schedulerName naming no scheduler: the pod stays Pending with no PodScheduled
+    condition, and the job said nothing (121 s seen)."""
+    made = datetime(2026, 1, 1, 12, 0, 0)
+    pod = {
+        "metadata": {"name": "j-worker-0", "creationTimestamp": "2026-01-01T12:00:00Z",
+                     "labels": {"training-job-role": "worker"}},
+        "spec": {"schedulerName": "no-such"},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+    (soon,) = classify("j", [pod], set(), made + timedelta(seconds=5))
+    assert soon.waiting == ""
+    (late,) = classify("j", [pod], set(), made + timedelta(seconds=30))
+    assert "no scheduler has taken it up in 30s (schedulerName no-such)" in late.waiting

@@ -720,8 +720,13 @@ def test_a_worker_whose_sshd_is_starting_is_probed_again_soon() -> None:
     first = plan_job(inp(spec, {}, []))
     starting = plan_job(inp(spec, first.status, [w(0), w(1, ready=False)]))
     assert starting.requeue <= 0.2
-    pending = plan_job(inp(spec, first.status, [w(0), w(1, "Pending", False)]))
-    assert pending.requeue == 60.0
+    placed = w(1, "Pending", False, bound=True)  # its node pulls the image
+    assert plan_job(inp(spec, first.status, [w(0), placed])).requeue == 60.0
+    waits = w(1, "Pending", False, waiting="Unschedulable: 0/2 nodes are available")
+    assert plan_job(inp(spec, first.status, [w(0), waits])).requeue == 60.0
+    # No scheduler's word at all (a schedulerName naming none): looked at again to say so.
+    unseen = plan_job(inp(spec, first.status, [w(0), w(1, "Pending", False)]))
+    assert unseen.requeue <= 21
     launching = plan_job(inp(spec, first.status, [w(0), w(1), launcher("Pending")]))
     assert launching.requeue == 60.0
 
