@@ -17,6 +17,9 @@ RECHECK = 30.0  # seconds between looks for the Workload API where it was not se
 def hold_for_gang(d: Draft) -> bool:
     """True when gang scheduling was asked for where the cluster cannot do it."""
     g = d.inp.gang
+    if g is not None and g.conflict:  # said as Blocked (it is among the pass's problems)
+        d.plan.requeue = min(d.plan.requeue, RECHECK)  # it carries no label that would wake us
+        return True  # nothing is made, nothing running is touched
     if g is None or g.served:
         return False
     d.stop_run("GangUnavailable", "gang scheduling is not available")

@@ -114,6 +114,7 @@ class GangView:
     served: bool = True  # the Workload API is there
     group: bool = False  # its PodGroup exists
     why: str = ""  # the scheduler's words on why the gang waits (PodGroupScheduled False)
+    conflict: str = ""  # a PodGroup of its name that is not the job's
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.builders import gang
-from etoperator.builders.common import Owner
+from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.cache import Observed
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning.views import GangView
@@ -32,6 +32,16 @@ class Gangs:
             return None
         if obs.pod_group is None and not self.served():
             return GangView(served=False)
+        # Ours carry our labels (the watch's); one of that name without them is read here,
+        # only while ours is not seen (a job's first pass).
+        name = naming.pod_group_name(spec.name)
+        group = obs.pod_group or self.kube.get(naming.POD_GROUP_KIND, spec.namespace, name)
+        if group is not None and not is_controlled_by(group, spec.uid):
+            return GangView(
+                group=True,
+                conflict=f"PodGroup {name} exists and is not this job's: its workers would "
+                "join another gang; no worker is made until it is gone",
+            )
         conds = ((obs.pod_group or {}).get("status") or {}).get("conditions") or []
         said = st.condition(conds, "PodGroupScheduled") or {}
         why = str(said.get("message") or "") if said.get("status") == "False" else ""

@@ -203,6 +203,9 @@ class JobReconciler:
         with metrics.pass_step(took, "views"):
             scalers = self.observer.scaler_views(obs)
             pods = self.observer.pod_views(obs, scalers)
+        gang = self.gangs.view(obs, obs.spec) if obs.spec is not None else None
+        if gang is not None and gang.conflict:
+            held = [*held, gang.conflict]
         inp = JobInput(
             name=name,
             namespace=namespace,
@@ -215,13 +218,13 @@ class JobReconciler:
             now=self.clock(),
             published=config.hosts_of((obs.configmap or {}).get("data")) if obs.configmap else None,
             problems=(*held, *acted.problems),
-            hold=bool(held),
+            hold=bool(basics or acted.held),
             basics=have or BasicsView(),
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
             queue=self.queues.view(obs, obs.spec) if obs.spec is not None else None,
-            gang=self.gangs.view(obs, obs.spec) if obs.spec is not None else None,
+            gang=gang,
             launcher_said=self.observer.launcher_said(obs, scalers),
         )
         with metrics.pass_step(took, "plan"):

@@ -204,3 +204,29 @@ def test_a_scheduler_name_naming_no_scheduler_is_said(cluster: Cluster, ns: str)
     wait_for(said, 60, "WorkersPending naming the scheduler")
     cluster.wait_event(ns, "nosched", "WorkersPending", "Warning")
     assert cluster.phase(ns, "nosched") == "Created"
+
+
+def test_a_pod_group_someone_else_made_is_not_the_job_s(cluster: Cluster, ns: str) -> None:
+    """A PodGroup `<job>-workers` made by someone else was taken as the job's (its
+    AlreadyExists ignored): the workers joined the stranger's gang (minCount 5) and waited, the
+    job Created without a word. Now the job is Blocked naming it, makes no worker, and starts
+    once it is gone."""
+    stranger = {
+        "apiVersion": f"{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION}",
+        "kind": naming.POD_GROUP_KIND,
+        "metadata": {"name": "g-workers", "namespace": ns},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 5}}},
+    }
+    cluster.api.create(stranger)
+    body = job("g", replicas=2)
+    body["spec"]["schedulingPolicy"] = {"minAvailable": 2}
+    cluster.create(body, ns)
+
+    def blocked() -> bool:
+        cond = cluster.condition(ns, "g", "Blocked") or {}
+        return cond.get("status") == "True" and "PodGroup g-workers" in str(cond.get("message"))
+
+    wait_for(blocked, 20, "the job blocked, naming the PodGroup")
+    assert cluster.pods(ns, "g", live=False) == []
+    cluster.api.delete(naming.POD_GROUP_KIND, ns, "g-workers")
+    running(cluster, ns, "g", 2)
