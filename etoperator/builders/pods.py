@@ -143,6 +143,8 @@ def worker_pod(
         first.pop("args", None)
     lifecycle = first.setdefault("lifecycle", {})
     lifecycle.setdefault("preStop", drain_hook(name))  # a hook of the template's own stays
+    if spec.get("hostNetwork"):
+        claim_ssh_port(first, naming.SERVICE_PORTS[0])
     spec.setdefault("hostname", name)
     placement.apply(spec)
     gang.place(job_spec, spec, worker=True)
@@ -154,6 +156,15 @@ def worker_pod(
         naming.worker_labels(job_spec.name, index),
         spec,
     )
+
+
+def claim_ssh_port(container: dict[str, Any], port: int) -> None:
+    """A worker on the node's network runs its sshd on the node's port: declared as the
+    container's (a host port, with hostNetwork), so the scheduler never puts two on one node
+    (the second sshd could not bind, and the job sat Created without a word)."""
+    ports = container.setdefault("ports", [])
+    if not any(p.get("containerPort") == port for p in ports):
+        ports.append({"name": "ssh", "containerPort": port, "protocol": "TCP"})
 
 
 def launcher_pod(

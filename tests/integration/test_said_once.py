@@ -230,3 +230,30 @@ def test_a_pod_group_someone_else_made_is_not_the_job_s(cluster: Cluster, ns: st
     assert cluster.pods(ns, "g", live=False) == []
     cluster.api.delete(naming.POD_GROUP_KIND, ns, "g-workers")
     running(cluster, ns, "g", 2)
+
+
+def test_workers_on_the_node_s_network_are_placed_apart_or_said_to_wait(
+    cluster: Cluster, ns: str
+) -> None:
+    """Two workers with `hostNetwork: true` on one node: the second sshd could not bind port 22,
+    and the job sat Created saying every worker could run. Now no two share a node (their
+    sshd port is declared), and a worker with no node left says so, in the scheduler's words."""
+    body = job("hn", replicas=3)
+    body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["hostNetwork"] = True
+    cluster.create(body, ns)
+    nodes = len(cluster.node_names())
+
+    def placed_apart() -> bool:
+        bound = [cluster.obj("Pod", ns, p)["spec"].get("nodeName") for p in cluster.pods(ns, "hn")]
+        return len([n for n in bound if n]) == min(3, nodes) and len(
+            set(filter(None, bound))
+        ) == len([n for n in bound if n])
+
+    wait_for(placed_apart, 60, "one worker a node")
+    if nodes < 3:
+
+        def said() -> bool:
+            cond = cluster.condition(ns, "hn", "WorkersPending") or {}
+            return cond.get("status") == "True" and "port" in str(cond.get("message"))
+
+        wait_for(said, 60, "the worker with no node left saying why")

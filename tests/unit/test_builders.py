@@ -190,3 +190,23 @@ def test_a_rotated_secret_trusts_the_old_key_once() -> None:
     secret = ssh.ssh_secret("j", "ns", OWNER, keys, ("", keys.public_openssh, old))
     trusted = secret["stringData"]["authorized_keys"].splitlines()
     assert trusted == [keys.public_openssh.strip(), old.strip()]
+
+
+def test_workers_on_the_node_s_network_claim_the_ssh_port() -> None:
+    """Two hostNetwork workers on one node: the second sshd cannot bind port 22, and the job
+    sat Created. Declared as the container's port (a host port with hostNetwork), the
+    scheduler keeps them apart."""
+    body = job("j", replicas=2)
+    body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["hostNetwork"] = True
+    body["metadata"].update(namespace="ns", uid="u")
+    spec = parse_job(body)
+    pod = pods.worker_pod(spec, Owner("TrainingJob", "j", "u"), 0, "j", frozenset())
+    ports = pod["spec"]["containers"][0]["ports"]
+    assert {"name": "ssh", "containerPort": 22, "protocol": "TCP"} in ports
+    plain = parse_job({**job("k", replicas=1), "metadata": {"name": "k", "namespace": "ns"}})
+    assert (
+        "ports"
+        not in pods.worker_pod(plain, Owner("TrainingJob", "k", "u"), 0, "k", frozenset())["spec"][
+            "containers"
+        ][0]
+    )
