@@ -244,10 +244,9 @@ def test_workers_on_the_node_s_network_are_placed_apart_or_said_to_wait(
     nodes = len(cluster.node_names())
 
     def placed_apart() -> bool:
-        bound = [cluster.obj("Pod", ns, p)["spec"].get("nodeName") for p in cluster.pods(ns, "hn")]
-        return len([n for n in bound if n]) == min(3, nodes) and len(
-            set(filter(None, bound))
-        ) == len([n for n in bound if n])
+        pods = [cluster.obj("Pod", ns, p) for p in cluster.pods(ns, "hn")]
+        bound = [n for p in pods if (n := p["spec"].get("nodeName"))]
+        return len(bound) == min(3, nodes) == len(set(bound))
 
     wait_for(placed_apart, 60, "one worker a node")
     if nodes < 3:
