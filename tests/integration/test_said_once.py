@@ -256,3 +256,15 @@ def test_workers_on_the_node_s_network_are_placed_apart_or_said_to_wait(
             return cond.get("status") == "True" and "port" in str(cond.get("message"))
 
         wait_for(said, 60, "the worker with no node left saying why")
+
+
+def test_a_forged_queued_phase_never_restarts_a_running_job(cluster: Cluster, ns: str) -> None:
+    """`status.phase: Queued` written (with status rights) over a running job without a queue
+    label restarted it ("no longer queued ... starting"), every worker replaced."""
+    cluster.create(job("forged", replicas=2), ns)
+    running(cluster, ns, "forged", 2)
+    before = uids(cluster, ns, "forged")
+    cluster.api.patch(naming.JOB_KIND, ns, "forged", {"status": {"phase": "Queued"}}, sub="status")
+    cluster.wait_event(ns, "forged", "StatusRepaired", "Warning")
+    wait_for(lambda: cluster.phase(ns, "forged") == "Running", 10, "Running again")
+    assert uids(cluster, ns, "forged") == before

@@ -720,4 +720,5 @@ def test_a_scale_out_horovod_does_not_take_in_says_what_the_launcher_said(
         settled(cluster, ns, SO, "more", "ScaleFailed", 40)
     failed = cluster.condition(ns, "more", "ScaleFailed", SO) or {}
     assert line in str(failed.get("message")), failed
-    assert cluster.hosts(ns, "said") == ["said-worker-0"]
+    # The scaler's end is written a moment before its job's status.
+    wait_for(lambda: cluster.hosts(ns, "said") == ["said-worker-0"], 10, "rolled back")

@@ -216,3 +216,18 @@ def test_a_gang_job_is_never_admitted_below_its_gang() -> None:
     body = workload(parse_job(b), Owner("TrainingJob", "j", "u"), "wl", 4)
     worker = next(ps for ps in body["spec"]["podSets"] if ps["name"] == "worker")
     assert worker["minCount"] == 3
+
+
+def test_the_admitted_message_keeps_the_size_admitted_now() -> None:
+    """It kept the first admission's size after the job grew through a slice."""
+    spec = qspec(replicas=3)
+    pods = [w(0), w(1), w(2), launcher()]
+    q = dataclasses.replace(ADMITTED, workers=3, admitted_workers=3)
+    status = running_status([0, 1, 2])
+    status["conditions"].append(
+        {"type": "Queued", "status": "False", "reason": "Admitted",
+         "message": "admitted by ClusterQueue cq: 2 workers of 3 asked (partial admission)"}
+    )  # fmt: skip
+    plan = plan_job(queued(spec, status, pods, q))
+    assert cond(plan.status, "Queued")["message"] == "admitted by ClusterQueue cq: 3 workers"
+    assert not [e for e in plan.events if e.reason == "Admitted"]  # kept current, no event
