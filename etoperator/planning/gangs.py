@@ -9,6 +9,7 @@ from __future__ import annotations
 from etoperator import naming
 from etoperator import status as st
 from etoperator.planning.draft import Draft
+from etoperator.status import Event
 
 PENDING = "GangPending"
 RECHECK = 30.0  # seconds between looks for the Workload API where it was not served
@@ -17,6 +18,9 @@ RECHECK = 30.0  # seconds between looks for the Workload API where it was not se
 def hold_for_gang(d: Draft) -> bool:
     """True when gang scheduling was asked for where the cluster cannot do it."""
     g = d.inp.gang
+    if g is not None and g.deferred:
+        say_deferred(d)
+        return False
     if g is not None and g.conflict:  # said as Blocked (it is among the pass's problems)
         d.plan.requeue = min(d.plan.requeue, RECHECK)  # it carries no label that would wake us
         return True  # nothing is made, nothing running is touched
@@ -31,6 +35,20 @@ def hold_for_gang(d: Draft) -> bool:
     d.set_cond(PENDING, "True", "WorkloadAPIUnavailable", why, warn=True)
     d.plan.requeue = min(d.plan.requeue, RECHECK)
     return True
+
+
+def say_deferred(d: Draft) -> None:
+    """spec.schedulingPolicy was set while the job's workers run: they are no gang, and new
+    ones join none (a lone new member of a new gang waited forever); said once."""
+    message = (
+        "spec.schedulingPolicy was set while the job's workers run: they are not a gang, and "
+        "workers added meanwhile join none; it applies from a start with no worker running "
+        "(a resume, a requeue)"
+    )
+    old = st.condition(d.status.conditions or [], PENDING) or {}
+    d.set_cond(PENDING, "False", "AtNextStart", message, event=False)
+    if old.get("reason") != "AtNextStart":
+        d.plan.events.append(Event("Warning", "GangAtNextStart", message))
 
 
 def waiting(d: Draft) -> str:

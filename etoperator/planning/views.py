@@ -115,6 +115,9 @@ class GangView:
     group: bool = False  # its PodGroup exists
     why: str = ""  # the scheduler's words on why the gang waits (PodGroupScheduled False)
     conflict: str = ""  # a PodGroup of its name that is not the job's
+    # spec.schedulingPolicy set while workers of the job run (no PodGroup holds them): it
+    # applies from a start with none running; new workers meanwhile join no gang.
+    deferred: bool = False
 
 
 @dataclass(frozen=True)

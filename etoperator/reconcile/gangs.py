@@ -42,6 +42,13 @@ class Gangs:
                 conflict=f"PodGroup {name} exists and is not this job's: its workers would "
                 "join another gang; no worker is made until it is gone",
             )
+        workers = [
+            p for p in obs.pods
+            if (p["metadata"].get("labels") or {}).get(naming.LABEL_ROLE) == naming.ROLE_WORKER
+            and not p["metadata"].get("deletionTimestamp")
+        ]  # fmt: skip
+        if group is None and workers:
+            return GangView(deferred=True)  # the policy came while its workers run
         conds = ((obs.pod_group or {}).get("status") or {}).get("conditions") or []
         said = st.condition(conds, "PodGroupScheduled") or {}
         why = str(said.get("message") or "") if said.get("status") == "False" else ""

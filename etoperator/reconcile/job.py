@@ -206,6 +206,8 @@ class JobReconciler:
         gang = self.gangs.view(obs, obs.spec) if obs.spec is not None else None
         if gang is not None and gang.conflict:
             held = [*held, gang.conflict]
+        if gang is not None and gang.deferred:  # this run's new workers join no gang
+            obs.spec = replace(obs.spec, gang=None)
         inp = JobInput(
             name=name,
             namespace=namespace,

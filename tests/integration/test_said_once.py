@@ -268,3 +268,19 @@ def test_a_forged_queued_phase_never_restarts_a_running_job(cluster: Cluster, ns
     cluster.wait_event(ns, "forged", "StatusRepaired", "Warning")
     wait_for(lambda: cluster.phase(ns, "forged") == "Running", 10, "Running again")
     assert uids(cluster, ns, "forged") == before
+
+
+def test_a_scheduling_policy_set_on_a_running_job_is_said_and_scales_on(
+    cluster: Cluster, ns: str
+) -> None:
+    """schedulingPolicy added to a running job was taken silently: no PodGroup held the
+    running workers, a ScaleOut's new worker was the lone member of a new gang and waited, and
+    the ScaleOut failed at its timeout as "not ready", never naming the gang."""
+    cluster.create(job("later", replicas=1, maxReplicas=3), ns)
+    running(cluster, ns, "later", 1)
+    policy = {"spec": {"schedulingPolicy": {"minAvailable": 1}}}
+    cluster.api.patch(naming.JOB_KIND, ns, "later", policy)
+    cluster.wait_event(ns, "later", "GangAtNextStart", "Warning")
+    cluster.create(scaleout("more", "later", 1, timeout=60), ns)
+    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleSucceeded", 60, "scaled")
+    wait_for(lambda: len(cluster.hosts(ns, "later")) == 2, 10, "two workers listed")
