@@ -51,6 +51,23 @@ def say_deferred(d: Draft) -> None:
         d.plan.events.append(Event("Warning", "GangAtNextStart", message))
 
 
+def say_policy_kept(d: Draft, made: int | None, asked: int) -> None:
+    """minAvailable changed after the PodGroup was made: Kubernetes does not change a
+    PodGroup's policy, so the gang keeps the count it was made with (said, with a Warning
+    once; it was taken silently)."""
+    old = st.condition(d.status.conditions or [], "GangPolicyKept") or {}
+    if made is None or made == asked:
+        if old.get("status") == "True":
+            d.set_cond("GangPolicyKept", "False", "Matches", f"the gang's minCount is {asked}")
+        return
+    message = (
+        f"spec.schedulingPolicy.minAvailable is {asked}, but the workers' PodGroup was made "
+        f"with minCount {made}, and Kubernetes does not change a PodGroup's policy: the gang "
+        f"keeps {made} (a new job takes the new value)"
+    )
+    d.set_cond("GangPolicyKept", "True", "PodGroupImmutable", message, warn=True)
+
+
 def waiting(d: Draft) -> str:
     """Why the job's gang keeps it from running ("" when it does not)."""
     pending = st.condition(d.status.conditions or [], PENDING) or {}
@@ -67,6 +84,7 @@ def settle(d: Draft) -> None:
         return
     if d.plan.create_workers and not g.group:
         d.plan.make_gang = True
+    say_policy_kept(d, g.min_count, policy.min_available)
     members = [d.workers.get(n) for n in d.status.target_workers or []]
     placed = sum(1 for p in members if p is not None and p.bound)
     waiting = [p for p in members if p is not None and not p.bound and not p.deleting]

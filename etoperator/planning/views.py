@@ -118,6 +118,7 @@ class GangView:
     # spec.schedulingPolicy set while workers of the job run (no PodGroup holds them): it
     # applies from a start with none running; new workers meanwhile join no gang.
     deferred: bool = False
+    min_count: int | None = None  # the PodGroup's gang minCount, as made (it is immutable)
 
 
 @dataclass(frozen=True)

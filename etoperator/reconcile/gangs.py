@@ -49,10 +49,16 @@ class Gangs:
         ]  # fmt: skip
         if group is None and workers:
             return GangView(deferred=True)  # the policy came while its workers run
+        gang_policy = (((group or {}).get("spec") or {}).get("schedulingPolicy") or {}).get("gang")
+        min_count = (gang_policy or {}).get("minCount")
         conds = ((obs.pod_group or {}).get("status") or {}).get("conditions") or []
         said = st.condition(conds, "PodGroupScheduled") or {}
         why = str(said.get("message") or "") if said.get("status") == "False" else ""
-        return GangView(group=obs.pod_group is not None, why=why)
+        return GangView(
+            group=obs.pod_group is not None,
+            why=why,
+            min_count=int(min_count) if isinstance(min_count, int) else None,
+        )
 
     def make(self, spec: JobSpec) -> None:
         """The Workload, then the PodGroup made from its template (either may be there)."""

@@ -284,3 +284,21 @@ def test_a_scheduling_policy_set_on_a_running_job_is_said_and_scales_on(
     cluster.create(scaleout("more", "later", 1, timeout=60), ns)
     wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleSucceeded", 60, "scaled")
     wait_for(lambda: len(cluster.hosts(ns, "later")) == 2, 10, "two workers listed")
+
+
+def test_a_lowered_min_available_is_said_to_be_kept_by_the_pod_group(
+    cluster: Cluster, ns: str
+) -> None:
+    """Lowering minAvailable left the PodGroup's minCount as it was, without a word (a
+    PodGroup's policy cannot be changed: the apiserver refuses it)."""
+    body = job("gm", replicas=2, minReplicas=1)
+    body["spec"]["schedulingPolicy"] = {"minAvailable": 2}
+    cluster.create(body, ns)
+    running(cluster, ns, "gm", 2)
+    cluster.api.patch(
+        naming.JOB_KIND, ns, "gm", {"spec": {"schedulingPolicy": {"minAvailable": 1}}}
+    )
+    cluster.wait_event(ns, "gm", "PodGroupImmutable", "Warning")
+    kept = cluster.condition(ns, "gm", "GangPolicyKept") or {}
+    assert "keeps 2" in str(kept.get("message")), kept
+    assert cluster.phase(ns, "gm") == "Running" and len(cluster.hosts(ns, "gm")) == 2
