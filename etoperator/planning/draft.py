@@ -13,7 +13,7 @@ from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.phases import Happened, next_phase
-from etoperator.planning.rules import by_index
+from etoperator.planning.rules import by_index, lone_host_waits
 from etoperator.planning.views import JobInput, Plan, ScalerView
 from etoperator.status import Event
 
@@ -167,6 +167,14 @@ class Draft:
         self.set_members(Members(tuple(naming.worker_name(job_spec.name, i) for i in indices), ()))
         self.accept_replicas(job_spec.worker.replicas)
         self.happened.fresh = True
+        if len(indices) == 1 and lone_host_waits(job_spec):
+            why = (
+                "the run starts with one worker, and horovodrun without --network-interface "
+                "waits for two hosts to find their common network interfaces: it trains once "
+                "a second worker joins, or fails at its --elastic-timeout (give "
+                "--network-interface, e.g. eth0)"
+            )
+            self.plan.events.append(Event("Warning", "HorovodWaitsForTwoHosts", why))
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.status.conditions or [], ctype):
                 self.set_cond(ctype, "False", "NewRun", "a new run is starting")

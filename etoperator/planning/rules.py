@@ -92,5 +92,19 @@ def script_argv(spec: ScalerSpec, pods: list[str], slots: int) -> list[str]:
     ]
 
 
+def lone_host_waits(job_spec: JobSpec) -> bool:
+    """The launcher runs elastic horovodrun without --network-interface: Horovod then waits for
+    two hosts to find their common interfaces (gloo_run._get_min_start_hosts), so a run of one
+    worker never starts training (it times out after --elastic-timeout, 600 s by default)."""
+    containers = (job_spec.launcher.template.get("spec") or {}).get("containers") or [{}]
+    argv = [
+        str(a) for a in (containers[0].get("command") or []) + (containers[0].get("args") or [])
+    ]
+    words = " ".join(argv).split()
+    elastic = any(w.startswith("--host-discovery-script") for w in words)
+    named = any(w.startswith(("--network-interface", "--network-interfaces")) for w in words)
+    return any(w.endswith("horovodrun") for w in words) and elastic and not named
+
+
 def scaler_order(s: ScalerView) -> tuple[str, str]:
     return (s.created, s.name)
