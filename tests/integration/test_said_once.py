@@ -302,3 +302,21 @@ def test_a_lowered_min_available_is_said_to_be_kept_by_the_pod_group(
     kept = cluster.condition(ns, "gm", "GangPolicyKept") or {}
     assert "keeps 2" in str(kept.get("message")), kept
     assert cluster.phase(ns, "gm") == "Running" and len(cluster.hosts(ns, "gm")) == 2
+
+
+def test_a_scaler_of_a_suspended_job_is_answered_and_its_timeout_runs(
+    cluster: Cluster, ns: str
+) -> None:
+    body = job("asleep", replicas=1, maxReplicas=3)
+    body["spec"]["suspend"] = True
+    cluster.create(body, ns)
+    wait_for(lambda: cluster.phase(ns, "asleep") == "Suspended", 20, "suspended")
+    cluster.create(scaleout("more", "asleep", 1, timeout=8), ns)
+
+    def waits() -> bool:
+        cond = cluster.condition(ns, "more", "Waiting", "ScaleOut") or {}
+        return cond.get("reason") == "JobNotRunning" and "suspended" in str(cond.get("message"))
+
+    wait_for(waits, 10, "the scaler saying it waits for its job")
+    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 20, "its timeout")
+    assert cluster.pods(ns, "asleep", live=False) == []
