@@ -142,14 +142,7 @@ def test_a_scaler_of_a_queued_job_is_answered_and_its_timeout_runs(
     make_queue(cluster, ns, pods=1)  # room for nothing of it
     cluster.create(queued_job("stuck"), ns)
     wait_for(lambda: cluster.phase(ns, "stuck") == "Queued", 20, "queued")
-    cluster.create(scaleout("more", "stuck", 1, timeout=8), ns)
-
-    def waits() -> bool:
-        cond = cluster.condition(ns, "more", "Waiting", "ScaleOut") or {}
-        return cond.get("reason") == "JobNotRunning" and "quota" in str(cond.get("message"))
-
-    wait_for(waits, 10, "the scaler saying it waits for its job")
-    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 20, "its timeout")
+    scaler_waits_then_fails(cluster, ns, "stuck", "quota")
     failed = cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}
     assert "did not run within the 8s timeout" in str(failed.get("message")), failed
     assert cluster.pods(ns, "stuck", live=False) == []
@@ -311,12 +304,18 @@ def test_a_scaler_of_a_suspended_job_is_answered_and_its_timeout_runs(
     body["spec"]["suspend"] = True
     cluster.create(body, ns)
     wait_for(lambda: cluster.phase(ns, "asleep") == "Suspended", 20, "suspended")
-    cluster.create(scaleout("more", "asleep", 1, timeout=8), ns)
+    scaler_waits_then_fails(cluster, ns, "asleep", "suspended")
+    assert cluster.pods(ns, "asleep", live=False) == []
+
+
+def scaler_waits_then_fails(cluster: Cluster, ns: str, job_name: str, why: str) -> None:
+    """A ScaleOut `more` (timeout 8 s) of a job that does not run: it says it waits for its
+    job (`why` in the message), then fails at its timeout."""
+    cluster.create(scaleout("more", job_name, 1, timeout=8), ns)
 
     def waits() -> bool:
         cond = cluster.condition(ns, "more", "Waiting", "ScaleOut") or {}
-        return cond.get("reason") == "JobNotRunning" and "suspended" in str(cond.get("message"))
+        return cond.get("reason") == "JobNotRunning" and why in str(cond.get("message"))
 
     wait_for(waits, 10, "the scaler saying it waits for its job")
     wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 20, "its timeout")
-    assert cluster.pods(ns, "asleep", live=False) == []
