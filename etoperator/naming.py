@@ -59,6 +59,7 @@ SSH_MOUNT = "/root/.ssh"
 HOSTFILE_KEY = "hostfile"
 DISCOVER_KEY = "discover_hosts.sh"
 DEEPSPEED_KEY = "deepspeed-hostfile"
+RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host and its workers' leave
 
 SSH_PORT = 22
 SERVICE_PORTS = (22, 9009)

@@ -119,7 +119,7 @@ seed_horovod() {
 seed_horovod
 # Named as the examples and deploy/ name them (docker.io/ is what a bare name means).
 train_ref=localhost/etoperator/train:latest
-train_hash=$(hash_of examples/Dockerfile.train examples/*.py examples/image hack/build-horovod.sh "$pins" | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)
+train_hash=$(hash_of examples/Dockerfile.train examples/*.py examples/torchrun/*.py examples/image hack/build-horovod.sh "$pins" | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)
 train_tar=$(archive "$train_ref" docker.io/etoperator/train:latest "$train_hash" bud "$train_ref" examples/Dockerfile.train)
 
 operator_ref=localhost/etoperator/operator:0.1.0

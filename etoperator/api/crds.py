@@ -133,8 +133,19 @@ def trainingjob_schema() -> Schema:
         "properties": {
             "etReplicaSpecs": {
                 "type": "object",
-                "required": ["launcher", "worker"],
+                "required": ["worker"],
                 "properties": {"launcher": launcher, "worker": worker},
+            },
+            "runtime": f.RUNTIME.schema(),
+            "elasticPolicy": {
+                "type": "object",
+                "description": "A Torchrun job's agents (PyTorchJob's elasticPolicy; the node "
+                "counts are the worker's minReplicas and maxReplicas).",
+                "properties": {
+                    "nProcPerNode": f.NPROC.schema(),
+                    "maxRestarts": f.MAX_RESTARTS.schema(),
+                    "rdzvPort": f.RDZV_PORT.schema(),
+                },
             },
             "slotsPerWorker": f.SLOTS.schema(),
             "cleanPodPolicy": f.CLEAN_POD.schema(),
@@ -166,6 +177,16 @@ def trainingjob_schema() -> Schema:
             },
         },
     }
+    spec["x-kubernetes-validations"] = [
+        {
+            "rule": "has(self.etReplicaSpecs.launcher) || self.runtime == 'Torchrun'",
+            "message": "etReplicaSpecs.launcher is required unless runtime is Torchrun",
+        },
+        {
+            "rule": "!has(self.elasticPolicy) || self.runtime == 'Torchrun'",
+            "message": "elasticPolicy is for runtime Torchrun",
+        },
+    ]
     return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}
 
 

@@ -20,6 +20,8 @@ WORKER_RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 JOB_RESTART_POLICIES = ("Never", "OnFailure")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 ATTACH_MODES = ("ssh",)
+RUNTIMES = ("Horovod", "Torchrun")
+DEFAULT_RDZV_PORT = 29400  # torchrun's own default
 
 Schema = dict[str, Any]
 
@@ -110,6 +112,24 @@ MIN_AVAILABLE = Int(
 )
 BACKOFF = Int("spec.backoffLimit", "most whole-job restarts", 0, None, DEFAULT_BACKOFF_LIMIT)
 ATTACH = Enum("spec.launcherAttachMode", "how the launcher reaches workers", ATTACH_MODES, "ssh")
+
+RUNTIME = Enum(
+    "spec.runtime",
+    "Horovod: horovodrun in the launcher reaches the workers over SSH; Torchrun: each worker "
+    "runs torchrun's elastic agent, meeting at a rendezvous the launcher holds",
+    RUNTIMES,
+    "Horovod",
+)
+E = "spec.elasticPolicy"
+NPROC = Int(f"{E}.nProcPerNode", "training processes per worker (torchrun's --nproc-per-node)",
+            1, MAX_SLOTS)  # fmt: skip
+MAX_RESTARTS = Int(
+    f"{E}.maxRestarts",
+    "failures each agent survives (torchrun's --max-restarts); planned changes count none",
+    0, 1_000, 3,
+)  # fmt: skip
+RDZV_PORT = Int(f"{E}.rdzvPort", "the rendezvous' port on the launcher", 1024, 65535,
+                DEFAULT_RDZV_PORT)  # fmt: skip
 
 TIMEOUT = Int("spec.timeout", "seconds the scale may take", 1, MAX_TIMEOUT, DEFAULT_TIMEOUT)
 SCALER_BACKOFF = Int("spec.backoffLimit", "accepted for compatibility; unused", 0)

@@ -151,6 +151,16 @@ class LauncherSpec:
 
 
 @dataclass(frozen=True)
+class ElasticPolicy:
+    """spec.elasticPolicy of a Torchrun job (PyTorchJob's names): what each worker's
+    torchrun is given beyond what the operator fills in."""
+
+    nproc_per_node: int
+    max_restarts: int
+    rdzv_port: int
+
+
+@dataclass(frozen=True)
 class GangPolicy:
     """spec.schedulingPolicy: the workers placed all or nothing, at least `min_available` of
     them (Kubernetes' Workload API), with the pods' priority class and scheduler."""
@@ -177,6 +187,12 @@ class JobSpec:
     queue: str | None = None  # the Kueue LocalQueue that admits it (kueue.x-k8s.io/queue-name)
     priority_class: str | None = None  # its WorkloadPriorityClass in that queue
     gang: GangPolicy | None = None  # spec.schedulingPolicy: gang scheduling of the workers
+    runtime: str = "Horovod"  # spec.runtime: Horovod or Torchrun
+    elastic: ElasticPolicy | None = None  # spec.elasticPolicy (a Torchrun job's, defaulted)
+
+    @property
+    def torchrun(self) -> bool:
+        return self.runtime == "Torchrun"
 
 
 def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> JobSpec:
@@ -188,10 +204,19 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         raise InvalidSpec(problem)
     spec = _dict(body.get("spec"), "spec")
     replica_specs = _dict(spec.get("etReplicaSpecs"), "spec.etReplicaSpecs")
-    if "launcher" not in replica_specs or "worker" not in replica_specs:
+    runtime = f.RUNTIME.parse(spec.get("runtime"))
+    torchrun = runtime == "Torchrun"
+    if "worker" not in replica_specs or not (torchrun or "launcher" in replica_specs):
         raise InvalidSpec("spec.etReplicaSpecs needs both launcher and worker")
     worker = _worker(_dict(replica_specs["worker"], f.W), max_workers)
-    launcher = _launcher(_dict(replica_specs["launcher"], f.L))
+    launcher = (
+        _rendezvous_host(replica_specs.get("launcher"), worker)
+        if torchrun
+        else _launcher(_dict(replica_specs["launcher"], f.L))
+    )
+    elastic = _elastic(spec.get("elasticPolicy"), worker) if torchrun else None
+    if not torchrun and spec.get("elasticPolicy") is not None:
+        raise InvalidSpec("spec.elasticPolicy is for runtime Torchrun; this job runs Horovod")
     slots = f.SLOTS.parse(spec.get("slotsPerWorker"))
     gpus = _gpu_limit(worker.template, f"{f.W}.template")
     f.ATTACH.parse(spec.get("launcherAttachMode"))
@@ -217,7 +242,64 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         queue=queue,
         priority_class=priority,
         gang=_gang(spec.get("schedulingPolicy"), worker),
+        runtime=runtime,
+        elastic=elastic,
     )
+
+
+# What the operator gives each worker's torchrun (its flags read PET_<FLAG> from the
+# environment): the user's own would break the rendezvous.
+OWNED_TORCHRUN_ENV = (
+    "PET_NNODES", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF",
+    "PET_LOCAL_ADDR", "PET_MAX_RESTARTS", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+)  # fmt: skip
+OWNED_TORCHRUN_FLAGS = ("--nnodes", "--rdzv", "--local-addr", "--local_addr", "--node-rank",
+                        "--node_rank", "--master", "--standalone", "--max-restarts")  # fmt: skip
+
+
+def _elastic(policy: Any, worker: WorkerSpec) -> ElasticPolicy:
+    """spec.elasticPolicy, defaulted; the worker's own torchrun settings that would fight the
+    operator's refused (the operator fills them in)."""
+    policy = _dict(policy if policy is not None else {}, "spec.elasticPolicy")
+    container = worker.template["spec"]["containers"][0]
+    if not container.get("command"):
+        raise InvalidSpec(
+            f"{f.W}.template: a Torchrun worker's first container needs a command "
+            "(torchrun and your script, e.g. [torchrun, /train.py])"
+        )
+    env = {str(e.get("name")) for e in container.get("env") or [] if isinstance(e, dict)}
+    taken = sorted(env & set(OWNED_TORCHRUN_ENV))
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    flags = sorted({a.split("=")[0] for a in argv if a.startswith(OWNED_TORCHRUN_FLAGS)})
+    if taken or flags:
+        raise InvalidSpec(
+            f"{f.W}.template sets {', '.join(taken + flags)}: the operator sets the node "
+            "counts, the rendezvous and the restarts of a Torchrun job (spec.elasticPolicy, "
+            "minReplicas and maxReplicas); remove them"
+        )
+    return ElasticPolicy(
+        nproc_per_node=f.NPROC.parse(policy.get("nProcPerNode")) or 1,
+        max_restarts=f.MAX_RESTARTS.parse(policy.get("maxRestarts")) or 0,
+        rdzv_port=f.RDZV_PORT.parse(policy.get("rdzvPort")) or f.DEFAULT_RDZV_PORT,
+    )
+
+
+def _rendezvous_host(launcher: Any, worker: WorkerSpec) -> LauncherSpec:
+    """A Torchrun job's launcher holds the rendezvous: its template if given (its image
+    needs torch), else one made of the worker's image alone (no GPU, no volumes)."""
+    if launcher is not None:
+        given = _launcher(_dict(launcher, f.L))
+        return LauncherSpec(template=given.template, restart_policy=given.restart_policy)
+    first = worker.template["spec"]["containers"][0]
+    container = {"name": "rendezvous", "image": first.get("image")}
+    if first.get("imagePullPolicy"):
+        container["imagePullPolicy"] = first["imagePullPolicy"]
+    spec: dict[str, Any] = {"containers": [container]}
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        if worker.template["spec"].get(key):
+            spec[key] = copy.deepcopy(worker.template["spec"][key])
+    return LauncherSpec(template={"spec": spec}, restart_policy=f.LAUNCHER_RESTART.default)
 
 
 def _gang(policy: Any, worker: WorkerSpec) -> GangPolicy | None:

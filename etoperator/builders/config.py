@@ -19,6 +19,7 @@ from etoperator.builders.common import Owner, metadata
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _WATCHER = (resources.files("etoperator") / "hostwatch.py").read_text()
+RENDEZVOUS = (resources.files("etoperator") / "rendezvous.py").read_text()
 
 
 def hostfile(hosts: Sequence[str], slots: int) -> str:
@@ -58,13 +59,19 @@ def discover_script(job: str, namespace: str) -> str:
 
 
 def config_map(
-    job: str, namespace: str, owner: Owner, hosts: Sequence[str], slots: int
+    job: str,
+    namespace: str,
+    owner: Owner,
+    hosts: Sequence[str],
+    slots: int,
+    data: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """`data`: the runtime's (builders/runtimes.py), else Horovod's for `hosts`."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(naming.config_map_name(job), namespace, owner, naming.job_labels(job)),
-        "data": config_data(job, namespace, hosts, slots),
+        "data": data if data is not None else config_data(job, namespace, hosts, slots),
     }
 
 

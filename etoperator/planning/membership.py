@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.builders import runtimes
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
 from etoperator.planning.rules import replaces, workers
@@ -166,11 +167,14 @@ def launch(
         message = f"launcher {launcher.name} created"
         d.set_cond("LauncherCreated", "True", "LauncherCreated", message)
         launched = True
+    first = runtimes.of(d.spec).launcher_first
     if not launched:
-        if d.launcher is None and m.members and len(ready) == len(m.members):
+        if d.launcher is None and m.members and (first or len(ready) == len(m.members)):
+            # The host list holds the planned size: a rendezvous closes its first round there.
             m = Members(m.members, m.members)
             d.plan.create_launcher = d.inp.basics.launcher_ready
-            say_workers_ready(d, len(m.members), event=True)
+            if len(ready) == len(m.members):
+                say_workers_ready(d, len(m.members), event=True)
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")
         return m
@@ -196,8 +200,8 @@ def say_pending(d: Draft, m: Members) -> None:
 def say_workers_ready(d: Draft, count: int, event: bool) -> None:
     """WorkersReady with the number of workers in the host list now (kept current after
     scales without a new event)."""
-    verb = "accepts" if count == 1 else "accept"
-    message = f"{workers(count)} {verb} the job's SSH key"
+    words = runtimes.of(d.spec).ready_words
+    message = f"{workers(count)} {words.replace('accept ', 'accepts ') if count == 1 else words}"
     d.set_cond("WorkersReady", "True", "WorkersReady", message, event=event)
 
 

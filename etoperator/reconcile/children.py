@@ -16,7 +16,7 @@ from etoperator import status as st
 from etoperator.api import claims
 from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
-from etoperator.builders import config, pods, rbac, scalers, ssh
+from etoperator.builders import config, pods, rbac, runtimes, scalers, ssh
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
 from etoperator.builders.workload import LAUNCHER_SET, WORKER_SET
 from etoperator.cache import Observed
@@ -273,7 +273,8 @@ class Children:
         spec = obs.spec
         assert spec is not None
         hosts = JobStatus.from_dict(obs.job.get("status")).hosts
-        cm = config.config_map(spec.name, spec.namespace, owner, hosts, spec.slots_per_worker)
+        data = runtimes.of(spec).config_data(spec, hosts)
+        cm = config.config_map(spec.name, spec.namespace, owner, hosts, 1, data)
         made, problems = self.create_or_find(obs, cm)
         if made and hosts:
             message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
@@ -312,7 +313,7 @@ class Children:
         """The host list, when it differs from the ConfigMap's (before any pod is deleted)."""
         if obs.configmap is None:
             return
-        data = config.config_data(spec.name, spec.namespace, list(hosts), spec.slots_per_worker)
+        data = runtimes.of(spec).config_data(spec, list(hosts))
         if (obs.configmap.get("data") or {}) == data:
             return
         cm = naming.config_map_name(spec.name)
@@ -347,8 +348,9 @@ class Children:
         ns, name = spec.namespace, spec.name
         owner = Owner(naming.JOB_KIND, name, spec.uid)
         existing = {s["metadata"]["name"]: s for s in obs.services}
+        kept = runtimes.of(spec).services(spec)
         for svc_name, svc in existing.items():
-            if svc_name not in services:
+            if svc_name not in services and svc_name not in kept:
                 self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
         unseen = self.writes.unseen(obs)
         made = [
@@ -360,8 +362,10 @@ class Children:
         ]
         secret, items = self._pod_secret(spec, bool(indices))
         where = plan.placement.get(WORKER_SET, ANYWHERE)
+        run = plan.status.restart_count or 0
+        runtime = runtimes.of(spec)
         workers = [
-            pods.worker_pod(spec, owner, i, secret, items, where)
+            runtime.worker_pod(spec, owner, i, run, (secret, items), where)
             for i in indices
             if ("Pod", naming.worker_name(name, i)) not in unseen
         ]
@@ -380,7 +384,8 @@ class Children:
         secret, items = self._pod_secret(spec, True)
         run = plan.status.restart_count or 0
         where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
-        return self.create_child(obs, pods.launcher_pod(spec, owner, secret, items, run, where))
+        made = runtimes.of(spec).launcher(spec, owner, run, (secret, items), where)
+        return [p for obj in made for p in self.create_child(obs, obj)]
 
     def _pod_secret(self, spec: JobSpec, building: bool) -> tuple[str, frozenset[str]]:
         """The Secret pods mount and its items, the names in its data (for a user's Secret a

@@ -23,7 +23,7 @@ from etoperator.api.models import (
     parse_scaler,
 )
 from etoperator.api.statuses import JobStatus, scaler_status
-from etoperator.builders import config, ssh
+from etoperator.builders import config, runtimes, ssh
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
 from etoperator.clock import parse_iso, utcnow
@@ -253,13 +253,15 @@ def settle(
     hosts: set[str],
     victims: set[str],
     ssh: bool,
+    hooked: bool = False,
 ) -> PodView:
-    """Pure: readiness and Horovod's state from the probes' answers."""
+    """Pure: readiness and Horovod's state from the probes' answers. `hooked`: a runtime
+    whose leaving worker takes itself out (its preStop), so none is waited on here."""
     running = v.phase == "Running" and not v.deleting
     draining = v.name in victims or bool(v.leaving)
     answer = results.get(v.name)
     horovod = answer if isinstance(answer, HorovodOn) else None
-    busy = horovod.busy if horovod is not None else None
+    busy = horovod.busy if horovod is not None else (False if hooked else None)
     peers = horovod.peers if horovod is not None else None
     unknown = v.name in results and answer is None  # asked what Horovod does; no answer
     if v.role != naming.ROLE_WORKER or not ssh or v.name in hosts:
@@ -328,7 +330,8 @@ class Observer:
         scale = running_scale(status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None
-        if obs.spec is not None and self.ssh_checks:
+        probes = runtimes.of(obs.spec).probes
+        if obs.spec is not None and self.ssh_checks and probes:
             secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
             ssh_key = self._ssh_key(obs, obs.spec, secret)
         wanted = probes_wanted(
@@ -339,7 +342,9 @@ class Observer:
             ssh_key is not None,
         )
         results = self.run_probes(obs.spec, wanted, {v.name: v.ip for v in views}, ssh_key)
-        return [settle(v, results, set(status.hosts), victims, self.ssh_checks) for v in views]
+        ssh = self.ssh_checks and probes
+        hosts = set(status.hosts)
+        return [settle(v, results, hosts, victims, ssh, not probes) for v in views]
 
     def run_probes(
         self,

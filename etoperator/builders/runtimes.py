@@ -1,0 +1,102 @@
+"""The seam between a job and what trains in it: everything that differs between Horovod
+(horovodrun in the launcher, reaching sshd on each worker) and Torchrun (torchrun's elastic
+agent on each worker, meeting at a rendezvous the launcher holds). The planner, the scalers,
+Kueue and gangs see one job; they ask the job's runtime only what is here. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from etoperator import naming
+from etoperator.api.models import JobSpec
+from etoperator.builders import config, pods, torchrun
+from etoperator.builders.common import ANYWHERE, Owner, Placement
+
+
+class TrainingRuntime(Protocol):
+    name: str
+    # The operator asks each worker over SSH whether it is ready and what trains on it; else a
+    # running worker is ready, and a leaving one takes itself out (its preStop hook).
+    probes: bool
+    # The launcher is made with the first workers (they wait for it), not once they are ready.
+    launcher_first: bool
+    ready_words: str  # what WorkersReady says the listed workers do
+
+    def worker_pod(
+        self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> dict[str, Any]: ...  # fmt: skip
+
+    def launcher(
+        self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> list[dict[str, Any]]: ...  # fmt: skip
+
+    def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]: ...
+
+    def services(self, spec: JobSpec) -> tuple[str, ...]:
+        """Services of the job beside the workers' own."""
+        ...
+
+
+class Horovod:
+    name = "Horovod"
+    probes = True
+    launcher_first = False
+    ready_words = "accept the job's SSH key"
+
+    def worker_pod(
+        self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> dict[str, Any]:  # fmt: skip
+        return pods.worker_pod(spec, owner, index, secret[0], secret[1], placement)
+
+    def launcher(
+        self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        return [pods.launcher_pod(spec, owner, secret[0], secret[1], run, placement)]
+
+    def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:
+        return config.config_data(spec.name, spec.namespace, hosts, spec.slots_per_worker)
+
+    def services(self, spec: JobSpec) -> tuple[str, ...]:
+        return ()
+
+
+class Torchrun:
+    name = "Torchrun"
+    probes = False
+    launcher_first = True
+    ready_words = "run torchrun's agent"
+
+    def worker_pod(
+        self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> dict[str, Any]:  # fmt: skip
+        return torchrun.worker_pod(spec, owner, index, run, placement)  # no SSH key given
+
+    def launcher(
+        self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
+        placement: Placement = ANYWHERE,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        account = pods.launcher_service_account(spec, spec.launcher.template)
+        return [
+            torchrun.rendezvous_service(spec, owner),
+            torchrun.launcher_pod(spec, owner, run, account, placement),
+        ]
+
+    def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:
+        data = config.config_data(spec.name, spec.namespace, hosts, spec.slots_per_worker)
+        return {**data, naming.RENDEZVOUS_KEY: config.RENDEZVOUS}
+
+    def services(self, spec: JobSpec) -> tuple[str, ...]:
+        return (naming.launcher_name(spec.name),)
+
+
+RUNTIMES: dict[str, TrainingRuntime] = {"Horovod": Horovod(), "Torchrun": Torchrun()}
+
+
+def of(spec: JobSpec | None) -> TrainingRuntime:
+    return RUNTIMES["Torchrun" if spec is not None and spec.torchrun else "Horovod"]

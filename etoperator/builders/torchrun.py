@@ -1,0 +1,203 @@
+"""A Torchrun job's pods: workers that each run torchrun's elastic agent with what only the
+operator knows filled in (node counts, the rendezvous, the run's id, this node's address), and
+the launcher that holds the rendezvous (etoperator/rendezvous.py, shipped in the ConfigMap).
+Pure, as every builder."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from typing import Any
+
+from etoperator import naming
+from etoperator.api.models import JobSpec
+from etoperator.builders import gang
+from etoperator.builders.common import ANYWHERE, Owner, Placement, metadata
+
+KEEP_ALIVE = 1  # seconds between an agent's heartbeats (torch: 5)
+KEEP_ALIVE_MISSED = 3  # heartbeats missed before a node counts as dead (torch: 3, so 15 s)
+CONNECT_WAIT = 300  # seconds a worker's first container waits for the rendezvous to listen
+SCRIPT = f"{naming.CONFIG_MOUNT}/{naming.RENDEZVOUS_KEY}"
+PYTHON = "$(command -v python3 || command -v python)"
+
+
+def run_id(spec: JobSpec, run: int) -> str:
+    """The rendezvous id: the job's uid and its run, so that no agent of an earlier run or
+    another job ever meets this one's."""
+    return f"{spec.uid or spec.name}-{run}"
+
+
+def endpoint(spec: JobSpec) -> str:
+    assert spec.elastic is not None
+    return f"{naming.launcher_name(spec.name)}:{spec.elastic.rdzv_port}"
+
+
+def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
+    """torchrun reads each flag's default from PET_<FLAG>: the operator's, never the user's
+    (models.OWNED_TORCHRUN_ENV are refused in the template)."""
+    assert spec.elastic is not None
+    most = spec.worker.max_replicas or spec.worker.limit
+    conf = (
+        f"is_host=false,keep_alive_interval={KEEP_ALIVE},keep_alive_max_attempt={KEEP_ALIVE_MISSED}"
+    )
+    values = {
+        "PET_NNODES": f"{spec.worker.min_replicas}:{most}",
+        "PET_NPROC_PER_NODE": str(spec.elastic.nproc_per_node),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": endpoint(spec),
+        "PET_RDZV_ID": run_id(spec, run),
+        "PET_RDZV_CONF": conf,
+        "PET_MAX_RESTARTS": str(spec.elastic.max_restarts),
+        # Off: a node that joins a later round waits forever for the address of a store that
+        # the round's rank 0, holding one from an earlier round, never announces (torch 2.13;
+        # pytorch/pytorch#135712 is the same sharing across restarts). Each round's rank 0
+        # then starts the training's store afresh, as torchrun did before 2.4.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    env.append({"name": "PET_LOCAL_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    return env
+
+
+def _config_volume(job: str) -> dict[str, Any]:
+    return {
+        "name": naming.CONFIG_VOLUME,
+        "configMap": {
+            "name": naming.config_map_name(job),
+            "items": [
+                {"key": naming.RENDEZVOUS_KEY, "path": naming.RENDEZVOUS_KEY, "mode": 0o644},
+                {"key": naming.DISCOVER_KEY, "path": naming.DISCOVER_KEY, "mode": 0o755},
+                {"key": naming.HOSTFILE_KEY, "path": naming.HOSTFILE_KEY, "mode": 0o644},
+            ],
+        },
+    }
+
+
+def _mounted(template: dict[str, Any], job: str) -> dict[str, Any]:
+    """The template's pod spec with the job's ConfigMap mounted in the first container."""
+    spec = copy.deepcopy(template.get("spec") or {})
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != naming.CONFIG_VOLUME]
+    spec["volumes"] = [*volumes, _config_volume(job)]
+    first = spec["containers"][0]
+    mounts = [
+        m
+        for m in first.get("volumeMounts") or []
+        if m.get("name") != naming.CONFIG_VOLUME and m.get("mountPath") != naming.CONFIG_MOUNT
+    ]
+    first["volumeMounts"] = [
+        *mounts,
+        {"name": naming.CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
+    ]
+    spec["restartPolicy"] = "Never"
+    return spec
+
+
+def wait_for_rendezvous(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
+    """An init container: the agent starts once the rendezvous listens under its name (a
+    name cluster DNS may not know yet), so no agent spends its connect timeout on a launcher
+    still starting."""
+    assert spec.elastic is not None
+    host, port = naming.launcher_name(spec.name), spec.elastic.rdzv_port
+    code = (
+        "import socket,sys,time\n"
+        f"end=time.time()+{CONNECT_WAIT}\n"
+        "while time.time()<end:\n"
+        "    try:\n"
+        f"        socket.create_connection(({host!r},{port}),2).close();sys.exit(0)\n"
+        "    except OSError:\n"
+        "        time.sleep(0.2)\n"
+        "sys.exit(1)\n"
+    )
+    init = {
+        "name": "wait-for-rendezvous",
+        "image": first.get("image"),
+        "command": ["sh", "-c", f"exec {PYTHON} -c {shlex.quote(code)}"],
+    }
+    for key in ("imagePullPolicy", "securityContext"):  # the same image, got the same way
+        if key in first:
+            init[key] = copy.deepcopy(first[key])
+    return init
+
+
+def worker_pod(
+    spec: JobSpec, owner: Owner, index: int, run: int, placement: Placement = ANYWHERE
+) -> dict[str, Any]:
+    name = naming.worker_name(spec.name, index)
+    pod_spec = _mounted(spec.worker.template, spec.name)
+    first = pod_spec["containers"][0]
+    ours = agent_env(spec, run)
+    names = {e["name"] for e in ours}
+    first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in names), *ours]
+    leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave"]}}
+    first.setdefault("lifecycle", {}).setdefault("preStop", leave)
+    inits = [
+        c for c in pod_spec.get("initContainers") or [] if c.get("name") != "wait-for-rendezvous"
+    ]
+    pod_spec["initContainers"] = [wait_for_rendezvous(spec, first), *inits]
+    pod_spec.setdefault("hostname", name)
+    placement.apply(pod_spec)
+    gang.place(spec, pod_spec, worker=True)
+    return _pod(name, spec, owner, naming.worker_labels(spec.name, index), pod_spec)
+
+
+def _pod(
+    name: str, spec: JobSpec, owner: Owner, labels: dict[str, str], pod_spec: dict[str, Any]
+) -> dict[str, Any]:
+    tmeta = spec.worker.template.get("metadata") or {}
+    own = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != naming.LABEL_QUEUE}
+    meta = metadata(
+        name, spec.namespace, owner, {**own, **labels}, dict(tmeta.get("annotations") or {})
+    )
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def launcher_pod(
+    spec: JobSpec, owner: Owner, run: int, account: str, placement: Placement = ANYWHERE
+) -> dict[str, Any]:
+    """The rendezvous host of run `run`: torch's TCPStore and its conductor; it reads the
+    host list as Horovod's launcher does (discover_hosts.sh, with `account`'s token)."""
+    assert spec.elastic is not None
+    pod_spec = _mounted(spec.launcher.template, spec.name)
+    first = pod_spec["containers"][0]
+    argv = [
+        "serve", str(spec.elastic.rdzv_port), run_id(spec, run), str(spec.worker.min_replicas),
+        f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
+    ]  # fmt: skip
+    first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
+    first.pop("args", None)
+    ports = [
+        p for p in first.get("ports") or [] if p.get("containerPort") != spec.elastic.rdzv_port
+    ]
+    first["ports"] = [*ports, {"name": "rendezvous", "containerPort": spec.elastic.rdzv_port}]
+    pod_spec["serviceAccountName"] = (spec.launcher.template.get("spec") or {}).get(
+        "serviceAccountName"
+    ) or account
+    pod_spec["automountServiceAccountToken"] = True
+    placement.apply(pod_spec)
+    gang.place(spec, pod_spec, worker=False)
+    tmeta = spec.launcher.template.get("metadata") or {}
+    own = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != naming.LABEL_QUEUE}
+    labels = {**own, **naming.launcher_labels(spec.name)}
+    meta = metadata(naming.launcher_name(spec.name), spec.namespace, owner, labels,
+                    dict(tmeta.get("annotations") or {}))  # fmt: skip
+    meta.setdefault("annotations", {})[naming.ANN_RUN] = str(run)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def rendezvous_service(spec: JobSpec, owner: Owner) -> dict[str, Any]:
+    """The launcher's name in cluster DNS, which every agent's endpoint names."""
+    assert spec.elastic is not None
+    name = naming.launcher_name(spec.name)
+    labels = naming.launcher_labels(spec.name)
+    port = spec.elastic.rdzv_port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, spec.namespace, owner, labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels,
+            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,171 @@
+"""Elastic PyTorch training under torchrun, resuming from its newest checkpoint.
+
+torchrun restarts every worker process at each membership change (a worker joins or leaves),
+so the script starts over each time: it loads the newest checkpoint on the shared volume (the
+model, the optimizer, the step, the position in the epoch), trains on at the new world size,
+and saves atomically every --save-every steps and when it is stopped at a step's end (the
+SIGTERM torchrun's agent sends before a restart). What a user's own script needs is the same
+few lines: `load()` at start, `save()` every few steps and on SIGTERM, and a short wait for
+the agent's stop when a collective fails (PEER_GRACE).
+
+The data set is generated (a fixed random teacher network labels Gaussian inputs, sample i
+from seed i), so it runs offline and every sample has a number: an epoch is samples
+0..--epoch-size, each step takes the next global batch, split across the ranks. Lines printed
+by rank 0, read by the tests and benchmarks:
+
+    START size=<world> restarts=<failures torchrun's agent has restarted after>
+    RESUMED step=<n> epoch=<e> position=<p> from=<path>
+    STEP <n> size=<world> loss=<batch loss> first=<first sample> t=<unix time>
+    DONE steps=<n> size=<world> eval_before=<loss> eval_after=<loss>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+FEATURES, CLASSES = 32, 4
+CHECKPOINT = "checkpoint.pt"
+PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's stop
+
+
+def samples(first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples first..first+count-1 of every epoch: the same numbers give the same samples."""
+    teacher = torch.Generator().manual_seed(1234)
+    w = torch.randn(FEATURES, CLASSES, generator=teacher)
+    xs = [
+        torch.randn(FEATURES, generator=torch.Generator().manual_seed(i))
+        for i in range(first, first + count)
+    ]
+    x = torch.stack(xs) if xs else torch.zeros(0, FEATURES)
+    return x, (x @ w).argmax(dim=1)
+
+
+def model_() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)
+    )
+
+
+class State:
+    """What a checkpoint holds: enough to go on exactly where the last save was."""
+
+    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.model, self.opt = model, opt
+        self.step = self.epoch = self.position = 0
+        self.at_step_end = True  # between steps: a save now is consistent
+
+    def save(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, CHECKPOINT)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(),
+                "step": self.step,
+                "epoch": self.epoch,
+                "position": self.position,
+            },
+            tmp,
+        )
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: a reader sees the old checkpoint or the new one
+
+    def load(self, directory: str) -> str | None:
+        path = os.path.join(directory, CHECKPOINT)
+        if not os.path.exists(path):
+            return None
+        saved: dict[str, Any] = torch.load(path, weights_only=True)
+        self.model.load_state_dict(saved["model"])
+        self.opt.load_state_dict(saved["opt"])
+        self.step, self.epoch, self.position = saved["step"], saved["epoch"], saved["position"]
+        return path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=32, help="global batch (all ranks)")
+    p.add_argument("--epoch-size", type=int, default=4096)
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--checkpoints", default=os.environ.get("CHECKPOINT_DIR", "/checkpoints"))
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = model_()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = State(model, opt)
+    found = state.load(args.checkpoints)
+    if rank == 0:
+        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        print(f"START size={world} restarts={restarts}", flush=True)
+    if rank == 0 and found:
+        print(
+            f"RESUMED step={state.step} epoch={state.epoch} position={state.position} from={found}",
+            flush=True,
+        )
+    ddp = DistributedDataParallel(model)
+
+    def stopped(signum: int, _frame: Any) -> None:
+        if rank == 0 and state.at_step_end:
+            state.save(args.checkpoints)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    held_x, held_y = samples(10**6, 256)
+    with torch.no_grad():
+        before = F.cross_entropy(model(held_x), held_y).item()
+    share = args.batch // world
+    while state.step < args.steps:
+        state.at_step_end = False
+        if state.position + args.batch > args.epoch_size:
+            state.epoch, state.position = state.epoch + 1, 0
+        x, y = samples(state.position + rank * share, share)
+        try:
+            loss = F.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+        except RuntimeError:
+            # A peer stopped mid-step. When a node joins or leaves, torchrun's agent stops
+            # this process too (SIGTERM, within a moment): that restart is a membership
+            # change, not one of --max-restarts. Only when no stop comes is it a failure.
+            time.sleep(PEER_GRACE)
+            raise
+        opt.step()
+        first = state.position
+        state.step, state.position = state.step + 1, state.position + share * world
+        state.at_step_end = True
+        if rank == 0:
+            said = f"STEP {state.step} size={world} loss={loss.item():.4f} first={first}"
+            print(f"{said} t={time.time():.3f}", flush=True)
+            if state.step % args.save_every == 0:
+                state.save(args.checkpoints)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    with torch.no_grad():
+        after = F.cross_entropy(model(held_x), held_y).item()
+    if rank == 0:
+        state.save(args.checkpoints)
+        print(
+            f"DONE steps={state.step} size={world} eval_before={before:.4f} eval_after={after:.4f}",
+            flush=True,
+        )
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

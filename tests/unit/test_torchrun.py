@@ -1,0 +1,133 @@
+"""A Torchrun job as parsed and built, and the rendezvous' own edits of torch's state (on
+torch's real state class)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+from etoperator import naming, rendezvous
+from etoperator.api.fields import InvalidSpec
+from etoperator.api.models import parse_job
+from etoperator.builders import runtimes
+from etoperator.builders.common import Owner
+from localcluster.manifests import torchrun_job
+
+OWNER = Owner("TrainingJob", "tr", "uid-1")
+VOLUME: dict[str, Any] = {"emptyDir": {}}
+
+
+def body(**worker: Any) -> dict[str, Any]:
+    b = torchrun_job("tr", 2, ["--steps", "5"], VOLUME, minReplicas=1, maxReplicas=4, **worker)
+    b["metadata"].update(namespace="ns", uid="uid-1")
+    return b
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
+def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
+    spec = parse_job(body())
+    pod = runtimes.of(spec).worker_pod(spec, OWNER, 3, 2, ("tr", frozenset()))
+    env = env_of(pod)
+    assert env["PET_NNODES"] == "1:4"
+    assert env["PET_RDZV_ENDPOINT"] == "tr-launcher:29400"
+    assert env["PET_RDZV_ID"] == "uid-1-2"  # the job's uid and its run
+    assert env["PET_LOCAL_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["CHECKPOINT_DIR"] == "/checkpoints"  # the user's own stays
+    first = pod["spec"]["containers"][0]
+    assert first["command"][0] == "torchrun"
+    assert "leave" in first["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
+
+
+def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
+    spec = parse_job(body())
+    made = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()))
+    service, pod = made
+    assert service["kind"] == "Service" and service["metadata"]["name"] == "tr-launcher"
+    argv = pod["spec"]["containers"][0]["command"]
+    assert argv[-5:] == ["serve", "29400", "uid-1-0", "1", "/etc/edl/discover_hosts.sh"]
+    assert pod["spec"]["containers"][0]["image"] == "etoperator/train:latest"  # the worker's
+    assert pod["metadata"]["annotations"][naming.ANN_RUN] == "0"
+    data = runtimes.of(spec).config_data(spec, ["tr-worker-0"])
+    assert data[naming.RENDEZVOUS_KEY].startswith('"""The rendezvous of a torchrun job')
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda c: c["env"].append({"name": "PET_RDZV_ENDPOINT", "value": "x:1"}), "PET_RDZV"),
+        (lambda c: c["command"].insert(1, "--nnodes=2"), "--nnodes"),
+        (lambda c: c.pop("command"), "needs a command"),
+    ],
+)
+def test_what_would_break_the_rendezvous_is_refused(change: Any, said: str) -> None:
+    b = body()
+    change(b["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0])
+    with pytest.raises(InvalidSpec, match=said):
+        parse_job(b)
+
+
+def test_horovod_jobs_need_their_launcher_and_no_elastic_policy() -> None:
+    b = copy.deepcopy(body())
+    b["spec"]["runtime"] = "Horovod"
+    with pytest.raises(InvalidSpec, match="launcher"):
+        parse_job(b)
+
+
+def node(addr: str) -> Any:
+    return _NodeDesc(addr, 1, 0)
+
+
+def complete_round(*addrs: str) -> Any:
+    state = _RendezvousState()
+    now = datetime.now(UTC)
+    for rank, addr in enumerate(addrs):
+        state.participants[node(addr)] = rank
+        state.last_heartbeats[node(addr)] = now
+    state.complete = True
+    return pickle.loads(pickle.dumps(state))
+
+
+def test_a_leaving_node_goes_and_the_others_are_told_to_restart() -> None:
+    state = complete_round("a", "b", "c")
+    assert rendezvous.drop_nodes(state, "c")
+    assert {n.addr for n in state.participants} == {"a", "b"}
+    assert rendezvous.marker() in state.wait_list  # torch's "nodes waiting" is 1
+    assert not rendezvous.drop_nodes(state, "c")  # asked twice: nothing more
+
+
+def test_the_last_node_leaving_moves_the_round_on_without_a_marker() -> None:
+    state = complete_round("a")
+    rendezvous.drop_nodes(state, "a")
+    assert state.round == 1 and not state.complete and not state.wait_list
+
+
+def test_the_marker_goes_once_its_round_moved_on() -> None:
+    state = complete_round("a", "b")
+    rendezvous.drop_nodes(state, "b")
+    marked = state.round
+    assert rendezvous.tidy(state, marked, 1, 1) == (False, True)
+    state.round, state.complete = marked + 1, False
+    changed, out = rendezvous.tidy(state, marked, 1, 1)
+    assert changed and not out and rendezvous.marker() not in state.wait_list
+
+
+def test_a_forming_round_closes_once_it_holds_the_host_list() -> None:
+    state = _RendezvousState()
+    later = datetime.now(UTC) + timedelta(seconds=30)  # torch's last call
+    state.participants = {node("a"): 0, node("b"): 0}
+    state.deadline = later
+    assert rendezvous.tidy(state, None, 3, 1) == (False, False)  # 2 of 3: torch waits
+    changed, _ = rendezvous.tidy(state, None, 2, 1)
+    assert changed and state.deadline < datetime.now(UTC)
