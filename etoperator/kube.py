@@ -30,6 +30,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Service": ("api/v1", "services"),
     "ConfigMap": ("api/v1", "configmaps"),
     "Secret": ("api/v1", "secrets"),
+    "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
     "ServiceAccount": ("api/v1", "serviceaccounts"),
     "Event": ("api/v1", "events"),
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
@@ -51,6 +52,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
 # Cluster-scoped kinds read by name: kind -> (path prefix, plural).
 CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
     "Node": ("api/v1", "nodes"),
+    "PersistentVolume": ("api/v1", "persistentvolumes"),
     "ResourceFlavor": (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "resourceflavors"),
     "WorkloadPriorityClass": (
         f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}",

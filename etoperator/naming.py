@@ -59,6 +59,8 @@ SSH_MOUNT = "/root/.ssh"
 HOSTFILE_KEY = "hostfile"
 DISCOVER_KEY = "discover_hosts.sh"
 DEEPSPEED_KEY = "deepspeed-hostfile"
+SHARED_VOLUME = "etoperator-shared"  # spec.sharedVolume, in every worker
+CHECKPOINT_ENV = "CHECKPOINT_DIR"  # where it is mounted, as the workers' scripts read it
 RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host and its workers' leave
 
 SSH_PORT = 22
@@ -208,3 +210,8 @@ def worker_selector(job: str) -> str:
 # timeout (HOROVOD_GLOO_OP_TIMEOUT_SECONDS in the project's Horovod build).
 RENDEZVOUS_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 RENDEZVOUS_TIMEOUT = 180
+
+
+def shared_claim_name(job: str) -> str:
+    """The job's spec.sharedVolume claim."""
+    return f"{job}-shared"

@@ -74,6 +74,8 @@ node_bin=$(hack/build-node.sh | tail -n 1)
 step "node binaries in $node_bin"
 kueue=$(hack/build-kueue.sh | tail -n 1)
 step "Kueue in $kueue"
+storage=$(hack/build-storage.sh | tail -n 1)
+step "the local-path provisioner in $storage"
 if [ -d "$CACHE/go" ]; then
     chmod -R u+w "$CACHE/go"
     rm -rf "$CACHE/go"
@@ -113,9 +115,10 @@ prune() {  # DIR KEEP: DIR's entries but KEEP, where nothing was touched for two
         chmod -R u+w "$entry" && rm -rf "$entry"
     done
 }
-touch "$venv/.used" "${bin%/bin}" "${node_bin%/bin}" "$kueue"
+touch "$venv/.used" "${bin%/bin}" "${node_bin%/bin}" "$kueue" "$storage"
 prune "$CACHE/venvs" "$venv"
 prune "$CACHE/controlplane" "${bin%/bin}"
 prune "$CACHE/node" "${node_bin%/bin}"
 prune "$CACHE/kueue" "$kueue"
+prune "$CACHE/storage" "$storage"
 step "done ($(.venv/bin/python -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)'))"

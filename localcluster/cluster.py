@@ -31,6 +31,7 @@ from localcluster.kueue import Kueue
 from localcluster.network import SLOTS, Network, claim_slot, free_slots, machine_lock
 from localcluster.node import RealNode, reclaim, release_namespaces_dir, restore_sysctls
 from localcluster.nodes import Nodes, wait_ready
+from localcluster.storage import Storage
 
 OPERATOR_NS = "etoperator-system"
 OPERATOR_SA = "etoperator"
@@ -240,6 +241,7 @@ class LocalCluster:
     real: Nodes | None = None
     hollow_nodes: HollowNodes | None = None
     queues: Kueue | None = None
+    storage: Storage | None = None  # ReadWriteMany volumes on real nodes (storage.py)
     operator: OperatorProcess | None = None
     deployed: DeployedOperator | None = None
     _slot_lock: int | None = None
@@ -288,6 +290,8 @@ class LocalCluster:
             self.real.start(self.cp, lambda text: self.kubectl("apply", "-f", "-", input=text))
             wait_ready(self.kubectl, self.nodes)
             self.progress(f"{self.nodes} node(s) Ready (containerd, kubelet, kube-proxy)")
+            self.storage = Storage(self.dir / "storage", self.cp).start()
+            self.progress("the local-path provisioner up (StorageClass shared)")
         elif self.hollow:
             self.hollow_nodes = HollowNodes(self.dir / "hollow", self.hollow, self.max_pods)
             self.hollow_nodes.start(self.cp)
@@ -400,6 +404,8 @@ class LocalCluster:
             self.operator.stop()
         if self.queues is not None:
             self.queues.stop()
+        if self.storage is not None:
+            self.storage.stop()
         if self.hollow_nodes is not None:
             self.hollow_nodes.stop()
         if self.real is not None:

@@ -47,6 +47,10 @@ NODE_CONTROLLERS = (
     "pod-garbage-collector-controller",
     "deployment-controller",
     "replicaset-controller",
+    # Claims: bound to the volumes a provisioner makes (storage.py), and not deleted in use.
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
 )
 ADMISSION = "NodeRestriction,OwnerReferencesPermissionEnforcement"
 # Kubernetes' own Workload API (gang scheduling: Workload, PodGroup, pods' schedulingGroup),

@@ -134,29 +134,32 @@ def scalein(
 TORCHRUN_TRAIN = "/opt/etoperator/examples/torchrun/train.py"
 
 
-def torchrun_job(
-    name: str, replicas: int, args: list[str], checkpoints: dict[str, Any], **worker: Any
-) -> dict[str, Any]:
+SHARED = {"storageClassName": "shared", "storage": "1Gi"}  # localcluster/storage.py
+
+
+def torchrun_job(name: str, replicas: int, args: list[str], **worker: Any) -> dict[str, Any]:
     """A Torchrun job of the example script (examples/torchrun/train.py) under torchrun,
-    saving to the volume `checkpoints` (mounted at /checkpoints); `worker`: minReplicas,
-    maxReplicas, restartPolicy."""
+    saving to the job's shared volume (a claim of the local cluster's StorageClass `shared`);
+    `worker`: minReplicas, maxReplicas, restartPolicy."""
     c = {
         "name": "worker",
         "image": IMAGE,
         "imagePullPolicy": "IfNotPresent",
         "command": ["torchrun", TORCHRUN_TRAIN, *args],
-        "env": [{"name": "CHECKPOINT_DIR", "value": "/checkpoints"}],
-        "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
     }
-    pod = {"containers": [c], "volumes": [{"name": "checkpoints", **checkpoints}]}
     return {
         "apiVersion": API_VERSION,
         "kind": "TrainingJob",
         "metadata": {"name": name},
         "spec": {
             "runtime": "Torchrun",
+            "sharedVolume": dict(SHARED),
             "etReplicaSpecs": {
-                "worker": {"replicas": replicas, "template": {"spec": pod}, **worker}
+                "worker": {
+                    "replicas": replicas,
+                    "template": {"spec": {"containers": [c]}},
+                    **worker,
+                }
             },
         },
     }

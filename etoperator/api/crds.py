@@ -137,6 +137,17 @@ def trainingjob_schema() -> Schema:
                 "properties": {"launcher": launcher, "worker": worker},
             },
             "runtime": f.RUNTIME.schema(),
+            "sharedVolume": {
+                "type": "object",
+                "description": "A ReadWriteMany claim the operator makes for the job (its "
+                "checkpoints), mounted in every worker at mountPath (CHECKPOINT_DIR in their "
+                "environment); deleted with the job, kept across its runs.",
+                "properties": {
+                    "mountPath": {"type": "string", "default": "/checkpoints"},
+                    "storageClassName": {"type": "string", "maxLength": 253},
+                    "storage": {"type": "string", "default": "1Gi", "description": "its size"},
+                },
+            },
             "elasticPolicy": {
                 "type": "object",
                 "description": "A Torchrun job's agents (PyTorchJob's elasticPolicy; the node "

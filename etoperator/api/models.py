@@ -161,6 +161,16 @@ class ElasticPolicy:
 
 
 @dataclass(frozen=True)
+class SharedVolume:
+    """spec.sharedVolume: one ReadWriteMany claim the operator makes for the job (its
+    checkpoints), mounted in every worker; deleted with the job, kept across its runs."""
+
+    mount_path: str
+    storage_class: str | None
+    storage: str
+
+
+@dataclass(frozen=True)
 class GangPolicy:
     """spec.schedulingPolicy: the workers placed all or nothing, at least `min_available` of
     them (Kubernetes' Workload API), with the pods' priority class and scheduler."""
@@ -189,6 +199,7 @@ class JobSpec:
     gang: GangPolicy | None = None  # spec.schedulingPolicy: gang scheduling of the workers
     runtime: str = "Horovod"  # spec.runtime: Horovod or Torchrun
     elastic: ElasticPolicy | None = None  # spec.elasticPolicy (a Torchrun job's, defaulted)
+    shared: SharedVolume | None = None  # spec.sharedVolume
 
     @property
     def torchrun(self) -> bool:
@@ -244,7 +255,33 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         gang=_gang(spec.get("schedulingPolicy"), worker),
         runtime=runtime,
         elastic=elastic,
+        shared=_shared(spec.get("sharedVolume"), worker),
     )
+
+
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+
+
+def _shared(volume: Any, worker: WorkerSpec) -> SharedVolume | None:
+    if volume is None:
+        return None
+    volume = _dict(volume, "spec.sharedVolume")
+    path = volume.get("mountPath", "/checkpoints")
+    if not isinstance(path, str) or not posixpath.isabs(path) or ".." in path.split("/"):
+        raise InvalidSpec(f"spec.sharedVolume.mountPath must be an absolute path, got {path!r}")
+    sc = volume.get("storageClassName")
+    if sc is not None and not (isinstance(sc, str) and naming.is_dns1123_subdomain(sc)):
+        raise InvalidSpec(f"spec.sharedVolume.storageClassName must be a valid name, got {sc!r}")
+    size = str(volume.get("storage", "1Gi"))
+    if not QUANTITY.match(size):
+        raise InvalidSpec(f"spec.sharedVolume.storage must be a quantity like 10Gi, got {size!r}")
+    pod = worker.template["spec"]
+    mounts = pod["containers"][0].get("volumeMounts") or []
+    if any(m.get("mountPath") == path for m in mounts):
+        raise InvalidSpec(
+            f"spec.sharedVolume.mountPath {path} is already a mount of the worker's container"
+        )
+    return SharedVolume(mount_path=path, storage_class=sc, storage=size)
 
 
 # What the operator gives each worker's torchrun (its flags read PET_<FLAG> from the

@@ -12,6 +12,7 @@ from etoperator import naming
 from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, torchrun
 from etoperator.builders.common import ANYWHERE, Owner, Placement
+from etoperator.builders.volumes import mount_shared
 
 
 class TrainingRuntime(Protocol):
@@ -50,7 +51,8 @@ class Horovod:
         self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
         placement: Placement = ANYWHERE,
     ) -> dict[str, Any]:  # fmt: skip
-        return pods.worker_pod(spec, owner, index, secret[0], secret[1], placement)
+        pod = pods.worker_pod(spec, owner, index, secret[0], secret[1], placement)
+        return mount_shared(spec, pod)
 
     def launcher(
         self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
@@ -75,7 +77,8 @@ class Torchrun:
         self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
         placement: Placement = ANYWHERE,
     ) -> dict[str, Any]:  # fmt: skip
-        return torchrun.worker_pod(spec, owner, index, run, placement)  # no SSH key given
+        pod = torchrun.worker_pod(spec, owner, index, run, placement)  # no SSH key given
+        return mount_shared(spec, pod)
 
     def launcher(
         self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],

@@ -169,7 +169,8 @@ def launch(
         launched = True
     first = runtimes.of(d.spec).launcher_first
     if not launched:
-        if d.launcher is None and m.members and (first or len(ready) == len(m.members)):
+        made = all(n in d.workers for n in m.members)  # seen: none taken for lost
+        if d.launcher is None and m.members and ((first and made) or len(ready) == len(m.members)):
             # The host list holds the planned size: a rendezvous closes its first round there.
             m = Members(m.members, m.members)
             d.plan.create_launcher = d.inp.basics.launcher_ready

@@ -16,7 +16,7 @@ from etoperator import status as st
 from etoperator.api import claims
 from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
-from etoperator.builders import config, pods, rbac, runtimes, scalers, ssh
+from etoperator.builders import config, pods, rbac, runtimes, scalers, ssh, volumes
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
 from etoperator.builders.workload import LAUNCHER_SET, WORKER_SET
 from etoperator.cache import Observed
@@ -362,6 +362,11 @@ class Children:
         ]
         secret, items = self._pod_secret(spec, bool(indices))
         where = plan.placement.get(WORKER_SET, ANYWHERE)
+        if spec.shared is not None and workers_wanted(name, indices, unseen):
+            claim = volumes.shared_claim(spec, owner)
+            problems = self.create_child(obs, claim)  # made once; each run resumes from it
+            if problems:
+                return Acted(problems=problems)
         run = plan.status.restart_count or 0
         runtime = runtimes.of(spec)
         workers = [
@@ -420,3 +425,8 @@ class Children:
         if not spec.ssh_secret:
             return ssh.OWN_KEYS
         return frozenset((self.user_secret(spec) or {}).get("data") or {})
+
+
+def workers_wanted(job: str, indices: tuple[int, ...], unseen: set[tuple[str, str]]) -> bool:
+    """Some worker of `indices` is to be made (not one the caches have yet to show)."""
+    return any(("Pod", naming.worker_name(job, i)) not in unseen for i in indices)

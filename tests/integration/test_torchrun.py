@@ -5,7 +5,6 @@ planned change uses up none of the agents' --max-restarts."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
@@ -46,21 +45,26 @@ class Logbook:
         self.starts: set[tuple[str, int, int, int]] = set()
         self.steps: set[tuple[int, int, int, float]] = set()
         self.lock = threading.Lock()
+        self.reads, self.failed = 0, ""
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
     def _sample(self) -> None:
         while not self.done.wait(SAMPLE):
-            with contextlib.suppress(Exception):  # a pod gone between list and read
+            try:
                 self.read()
+                self.reads += 1
+            except Exception as exc:  # a pod gone between list and read: read again
+                self.failed = repr(exc)
 
     def read(self) -> Seen:
         with self.lock:
             return self._read()
 
     def _read(self) -> Seen:
-        for pod in self.cluster.pods(self.ns, self.job, "worker"):
+        # A deleted worker prints on while its preStop takes it out of the rendezvous.
+        for pod in self.cluster.pods(self.ns, self.job, "worker", live=False):
             text = self.cluster.pod_log(self.ns, pod)
             found = START.findall(text)
             self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
@@ -70,6 +74,7 @@ class Logbook:
 
     def trains_at(self, size: int, after: float) -> Seen | None:
         """Rank 0 has taken a few steps at `size` since `after`."""
+        assert self.reads or not self.failed, f"the logs could not be read: {self.failed}"
         s = self.read()
         return s if len([x for x in s.steps if x[1] == size and x[3] > after]) >= 3 else None
 
@@ -97,13 +102,10 @@ def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[
 
 
 def test_a_torchrun_job_scales_out_and_in_and_outlives_a_killed_worker(
-    cluster: Cluster, ns: str, tmp_path: Path, logs: None, request: pytest.FixtureRequest
+    cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
 ) -> None:
-    shared = tmp_path / "checkpoints"
-    shared.mkdir()
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
-    volume = {"hostPath": {"path": str(shared), "type": "Directory"}}
-    cluster.create(torchrun_job("tr", 2, args, volume, minReplicas=1, maxReplicas=4), ns)
+    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
     book = Logbook(cluster, ns, "tr")
     request.addfinalizer(book.done.set)
     book.wait_at(2, 0, 180)
@@ -128,3 +130,20 @@ def test_a_torchrun_job_scales_out_and_in_and_outlives_a_killed_worker(
     continued(alone, 1, since)
     assert max(r for _, r in alone.starts) == 1, f"a killed worker is one failure: {alone}"
     assert cluster.phase(ns, "tr") == "Running"
+
+
+def test_a_torchrun_job_that_ends_succeeds_and_its_run_ends_with_it(
+    cluster: Cluster, ns: str
+) -> None:
+    """The launcher's exit is the run's: every agent passed torch's exit barrier. The
+    checkpoint is on the job's claim, a volume the local-path provisioner made."""
+    cluster.create(torchrun_job("short", 2, ["--steps", "20"]), ns)
+    wait_for(lambda: cluster.phase(ns, "short") in ("Succeeded", "Failed"), 180, "the end")
+    assert cluster.phase(ns, "short") == "Succeeded", cluster.pod_log(ns, "short-launcher")
+    assert "exit barrier passed" in cluster.pod_log(ns, "short-launcher")
+    claim = cluster.obj("PersistentVolumeClaim", ns, "short-shared")
+    assert claim["status"]["phase"] == "Bound"
+    volume = cluster.api.get_cluster("PersistentVolume", claim["spec"]["volumeName"])
+    assert volume is not None
+    path = Path(volume["spec"]["hostPath"]["path"])
+    assert (path / "checkpoint.pt").exists(), sorted(path.iterdir())

@@ -19,11 +19,10 @@ from etoperator.builders.common import Owner
 from localcluster.manifests import torchrun_job
 
 OWNER = Owner("TrainingJob", "tr", "uid-1")
-VOLUME: dict[str, Any] = {"emptyDir": {}}
 
 
 def body(**worker: Any) -> dict[str, Any]:
-    b = torchrun_job("tr", 2, ["--steps", "5"], VOLUME, minReplicas=1, maxReplicas=4, **worker)
+    b = torchrun_job("tr", 2, ["--steps", "5"], minReplicas=1, maxReplicas=4, **worker)
     b["metadata"].update(namespace="ns", uid="uid-1")
     return b
 
@@ -48,6 +47,8 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
     assert "leave" in first["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
+    claim = {"claimName": "tr-shared"}
+    assert {"name": "etoperator-shared", "persistentVolumeClaim": claim} in pod["spec"]["volumes"]
 
 
 def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:

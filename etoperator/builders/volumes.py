@@ -1,0 +1,54 @@
+"""spec.sharedVolume: the claim the operator makes for a job, and its mount in each worker.
+Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etoperator import naming
+from etoperator.api.models import JobSpec
+from etoperator.builders.common import Owner, metadata
+
+
+def shared_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
+    """ReadWriteMany: every worker, on any node, reads and writes the same checkpoints. Owned
+    by the job: the garbage collector deletes it with the job, never before (runs come and go
+    and each resumes from it)."""
+    assert spec.shared is not None
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": spec.shared.storage}},
+    }
+    if spec.shared.storage_class:
+        claim["storageClassName"] = spec.shared.storage_class
+    name = naming.shared_claim_name(spec.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(name, spec.namespace, owner, naming.job_labels(spec.name)),
+        "spec": claim,
+    }
+
+
+def mount_shared(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
+    """The worker `pod` with the shared claim mounted in its first container and its path in
+    CHECKPOINT_DIR (the template's own value of it stays)."""
+    if spec.shared is None:
+        return pod
+    pod_spec = pod["spec"]
+    volume = {
+        "name": naming.SHARED_VOLUME,
+        "persistentVolumeClaim": {"claimName": naming.shared_claim_name(spec.name)},
+    }
+    others = [v for v in pod_spec.get("volumes") or [] if v.get("name") != naming.SHARED_VOLUME]
+    pod_spec["volumes"] = [*others, volume]
+    first = pod_spec["containers"][0]
+    mounts = [m for m in first.get("volumeMounts") or [] if m.get("name") != naming.SHARED_VOLUME]
+    first["volumeMounts"] = [
+        *mounts,
+        {"name": naming.SHARED_VOLUME, "mountPath": spec.shared.mount_path},
+    ]
+    env = first.setdefault("env", [])
+    if not any(e.get("name") == naming.CHECKPOINT_ENV for e in env):
+        env.append({"name": naming.CHECKPOINT_ENV, "value": spec.shared.mount_path})
+    return pod
