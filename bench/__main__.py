@@ -5,7 +5,8 @@ printed as such. Uses the local cluster: P5, P7, P8 and P9 the real control plan
 kube-scheduler and hollow nodes (kubemark: the real kubelet over a fake runtime), the operator
 as a real process under its deploy/ RBAC; P1-P4, P6, A1 and P10 real nodes (containerd, the
 shipped images, workers with a real sshd, the operator deployed from deploy/, real horovodrun
-training where the figure is training's); S1 the default suite beside a demo that trains.
+training where the figure is training's); T1 real nodes and real torchrun, resized under the
+operator and as torchrun is; S1 the default suite beside a demo that trains.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from bench.gangs import g1
 from bench.ha import ha, p10
 from bench.queues import q1
 from bench.scale import p5, p7, p8, p9
+from bench.torchrun import t1
 from bench.training import accuracy, kills, p4, p6
 
 
@@ -32,7 +34,23 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = ["p1", "p5", "p7", "p8", "p9", "p4", "kills", "p6", "a1", "p10", "ha", "q1", "g1", "s1"]
+    order = [
+        "p1",
+        "p5",
+        "p7",
+        "p8",
+        "p9",
+        "p4",
+        "kills",
+        "p6",
+        "a1",
+        "p10",
+        "ha",
+        "q1",
+        "g1",
+        "t1",
+        "s1",
+    ]
     p.add_argument("--only", nargs="*", default=order)
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
@@ -51,6 +69,7 @@ def main() -> int:
         ("ha", ha),
         ("q1", q1),
         ("g1", g1),
+        ("t1", lambda t: t1(t, args.rounds)),
         ("s1", s1),
     ]
     with tempfile.TemporaryDirectory() as d:

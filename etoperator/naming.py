@@ -47,6 +47,9 @@ GANG_TEMPLATE = "workers"
 ANN_PREFIX = "etoperator.kai.alibabacloud.com"
 # The run (restartCount) a launcher was created for.
 ANN_RUN = f"{ANN_PREFIX}/run"
+# "true" on a Torchrun job: torchrun as it is (its own timeouts, no leave hook, a rendezvous
+# that only stores): what the operator's help is measured against (bench/torchrun.py).
+ANN_TORCHRUN_PLAIN = f"{ANN_PREFIX}/torchrun-plain"
 # Set on scalers the operator creates for `kubectl scale`.
 ANN_SCALE_GENERATION = f"{ANN_PREFIX}/replicas-generation"
 

@@ -111,6 +111,8 @@ def count_hosts(discover: str) -> int:
 
 
 def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
+    """DISCOVER "-": the store alone, torch left to its own timeouts (a job that asks for
+    torchrun as it is; the benchmarks' baseline)."""
     from torch._C._distributed_c10d import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
@@ -132,7 +134,7 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
         for addr in leaving:
             if drop_nodes(state, addr):
                 changed, marked = True, state.round
-        tidied, _out = tidy(state, marked, count_hosts(discover), min_nodes)
+        tidied = discover != "-" and tidy(state, marked, count_hosts(discover), min_nodes)[0]
         written = backend.set_state(pickle.dumps(state), token) if changed or tidied else None
         if (changed or tidied) and not (written and written[2]):
             continue  # an agent wrote first: look again

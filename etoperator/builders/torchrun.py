@@ -27,6 +27,11 @@ def run_id(spec: JobSpec, run: int) -> str:
     return f"{spec.uid or spec.name}-{run}"
 
 
+def plain(spec: JobSpec) -> bool:
+    """torchrun as it is: torch's own timeouts, no leave hook, a rendezvous that only stores."""
+    return spec.annotations.get(naming.ANN_TORCHRUN_PLAIN, "").lower() == "true"
+
+
 def endpoint(spec: JobSpec) -> str:
     assert spec.elastic is not None
     return f"{naming.launcher_name(spec.name)}:{spec.elastic.rdzv_port}"
@@ -37,9 +42,9 @@ def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
     (models.OWNED_TORCHRUN_ENV are refused in the template)."""
     assert spec.elastic is not None
     most = spec.worker.max_replicas or spec.worker.limit
-    conf = (
-        f"is_host=false,keep_alive_interval={KEEP_ALIVE},keep_alive_max_attempt={KEEP_ALIVE_MISSED}"
-    )
+    conf = "is_host=false"
+    if not plain(spec):
+        conf += f",keep_alive_interval={KEEP_ALIVE},keep_alive_max_attempt={KEEP_ALIVE_MISSED}"
     values = {
         "PET_NNODES": f"{spec.worker.min_replicas}:{most}",
         "PET_NPROC_PER_NODE": str(spec.elastic.nproc_per_node),
@@ -129,7 +134,8 @@ def worker_pod(
     names = {e["name"] for e in ours}
     first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in names), *ours]
     leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave"]}}
-    first.setdefault("lifecycle", {}).setdefault("preStop", leave)
+    if not plain(spec):
+        first.setdefault("lifecycle", {}).setdefault("preStop", leave)
     inits = [
         c for c in pod_spec.get("initContainers") or [] if c.get("name") != "wait-for-rendezvous"
     ]
@@ -161,7 +167,7 @@ def launcher_pod(
     first = pod_spec["containers"][0]
     argv = [
         "serve", str(spec.elastic.rdzv_port), run_id(spec, run), str(spec.worker.min_replicas),
-        f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
+        "-" if plain(spec) else f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
     ]  # fmt: skip
     first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
     first.pop("args", None)

@@ -67,7 +67,10 @@ def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
 @pytest.mark.parametrize(
     "change, said",
     [
-        (lambda c: c["env"].append({"name": "PET_RDZV_ENDPOINT", "value": "x:1"}), "PET_RDZV"),
+        (
+            lambda c: c.setdefault("env", []).append({"name": "PET_RDZV_ID", "value": "x"}),
+            "PET_RDZV",
+        ),
         (lambda c: c["command"].insert(1, "--nnodes=2"), "--nnodes"),
         (lambda c: c.pop("command"), "needs a command"),
     ],
@@ -132,3 +135,14 @@ def test_a_forming_round_closes_once_it_holds_the_host_list() -> None:
     assert rendezvous.tidy(state, None, 3, 1) == (False, False)  # 2 of 3: torch waits
     changed, _ = rendezvous.tidy(state, None, 2, 1)
     assert changed and state.deadline < datetime.now(UTC)
+
+
+def test_torchrun_as_it_is_gets_torchs_timeouts_no_hook_and_a_store_alone() -> None:
+    b = body()
+    b["metadata"]["annotations"] = {naming.ANN_TORCHRUN_PLAIN: "true"}
+    spec = parse_job(b)
+    pod = runtimes.of(spec).worker_pod(spec, OWNER, 0, 0, ("tr", frozenset()))
+    assert env_of(pod)["PET_RDZV_CONF"] == "is_host=false"  # torch's keep-alive and last call
+    assert "lifecycle" not in pod["spec"]["containers"][0]
+    _, launcher = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()))
+    assert launcher["spec"]["containers"][0]["command"][-1] == "-"

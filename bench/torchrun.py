@@ -1,0 +1,118 @@
+"""T1: a Torchrun job resized, request -> rank 0's first training step at the new size, under
+etoperator and under torchrun as it is (the same pods and image, the operator's help off:
+torch's own timeouts, no leave hook, a rendezvous that only stores). Full chain: real nodes,
+the operator deployed from deploy/, real torchrun, the volume from the local-path provisioner.
+
+Each round at 4 workers: ScaleIn by count (4 -> 3), ScaleOut +1 (3 -> 4), a worker SIGKILLed
+(4 -> 3; not replaced), `kubectl scale` back to 4, `kubectl drain` of a worker's node (an
+eviction, 4 -> 3), `kubectl scale` back to 4. Horovod's figures under etoperator are P4's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import Row, pct
+from etoperator.naming import ANN_TORCHRUN_PLAIN
+from localcluster.manifests import scalein, scaleout, torchrun_job
+from localcluster.torchlogs import Logbook
+from localcluster.world import Chain, start_chain, wait_for
+
+JOB = "t1"
+SIZE = 4
+ARGS = ["--steps", "10000000", "--step-sleep", "0.05", "--save-every", "10"]
+KINDS = ("ScaleIn", "ScaleOut", "kill", "drain", "kubectl scale")
+GOAL = 10.0  # seconds, every figure under etoperator at 4 workers (p95)
+
+
+def t1(tmp: Path, rounds: int) -> list[Row]:
+    c = start_chain(tmp / "chain", nodes=2)
+    try:
+        ours = measure(c, rounds, plain=False)
+        theirs = measure(c, rounds, plain=True)
+    finally:
+        c.stop()
+    return rows(ours, theirs, rounds)
+
+
+def rows(ours: dict[str, list[float]], theirs: dict[str, list[float]], rounds: int) -> list[Row]:
+    out: list[Row] = []
+    for kind in KINDS:
+        a, b = ours[kind], theirs[kind]
+        speedup = pct(b, 0.5) / pct(a, 0.5) if a and b and pct(a, 0.5) else 0.0
+        goal = f"<= {GOAL:.0f} s at p95" + (
+            "; >= 3x torchrun's" if kind in ("ScaleIn", "kill") else ""
+        )
+        out.append(
+            ("T1", f"{kind} -> first step at the new size (etoperator, {len(a)})", spread(a), goal)
+        )
+        out.append(
+            ("T1", f"... torchrun as it is ({len(b)}): {speedup:.1f}x slower", spread(b), "")
+        )
+    out.append(("T1", f"rounds at {SIZE} workers", str(rounds), ">= 10 for the goal"))
+    return out
+
+
+def spread(v: list[float]) -> str:
+    return f"p50 {pct(v, 0.5):.2f}s, p95 {pct(v, 0.95):.2f}s" if v else "none"
+
+
+def measure(c: Chain, rounds: int, plain: bool) -> dict[str, list[float]]:
+    ns = c.new_namespace()
+    body = torchrun_job(JOB, SIZE, ARGS, minReplicas=1, maxReplicas=SIZE + 2)
+    if plain:
+        body["metadata"]["annotations"] = {ANN_TORCHRUN_PLAIN: "true"}
+    c.create(body, ns)
+    book = Logbook(c, ns, JOB)
+    took: dict[str, list[float]] = {k: [] for k in KINDS}
+    try:
+        wait_for(lambda: book.first_at(SIZE, 0), 300, f"training at {SIZE}", 0.5)
+        for r in range(rounds):
+            one_round(c, ns, book, r, took)
+    finally:
+        book.done.set()
+        c.delete_namespace(ns)
+    return took
+
+
+def one_round(c: Chain, ns: str, book: Logbook, r: int, took: dict[str, list[float]]) -> None:
+    def timed(kind: str, size: int, act: Callable[[], object]) -> None:
+        t0 = time.time()
+        act()
+        t = wait_for(lambda: book.first_at(size, t0), 300, f"{kind}: training at {size}", 0.2)
+        assert t is not None
+        took[kind].append(t - t0)
+
+    timed("ScaleIn", SIZE - 1, lambda: c.create(scalein(f"in-{r}", JOB, count=1, timeout=120), ns))
+    timed("ScaleOut", SIZE, lambda: c.create(scaleout(f"out-{r}", JOB, 1, timeout=300), ns))
+    timed("kill", SIZE - 1, lambda: c.kill(ns, workers(c, ns)[0]))
+    timed("kubectl scale", SIZE, lambda: scale(c, ns, SIZE))
+    timed("drain", SIZE - 1, lambda: drain(c, ns, workers(c, ns)[-1]))
+    c.kubectl("uncordon", *[n for n in node_names(c)])
+    scale(c, ns, SIZE)
+    wait_for(lambda: book.first_at(SIZE, time.time() - 1), 300, "back at 4", 0.5)
+
+
+def workers(c: Chain, ns: str) -> list[str]:
+    return c.pods(ns, JOB, "worker")
+
+
+def scale(c: Chain, ns: str, n: int) -> None:
+    wait_for(lambda: c.phase(ns, JOB) == "Running", 120, "a job that may scale", 0.5)
+    c.kubectl("scale", "trainingjob", JOB, "-n", ns, "--replicas", str(n))
+
+
+def drain(c: Chain, ns: str, pod: str) -> None:
+    node = c.obj("Pod", ns, pod)["spec"]["nodeName"]
+    index = pod.rsplit("-", 1)[1]
+    c.kubectl(
+        "drain", node, f"--pod-selector=training-job-name={JOB},replica-index={index}",
+        "--ignore-daemonsets", "--timeout=120s",
+    )  # fmt: skip
+
+
+def node_names(c: Chain) -> list[str]:
+    assert c.local.real is not None
+    return [n.name for n in c.local.real.nodes]

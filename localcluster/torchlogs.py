@@ -1,0 +1,79 @@
+"""What a Torchrun job's rank 0 prints (examples/torchrun/train.py), read from the workers'
+logs all along a run: for tests and benchmarks alike."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+
+from localcluster.world import World, wait_for
+
+SAMPLE = 0.3  # seconds between reads of the workers' logs
+START = re.compile(r"START size=(\d+) restarts=(\d+)")
+STEP = re.compile(r"STEP (\d+) size=(\d+) loss=[\d.]+ first=(\d+) t=([\d.]+)")
+
+
+@dataclass
+class Seen:
+    """What rank 0 printed, read from every live worker's log (rank 0 is one of them)."""
+
+    starts: list[tuple[int, int]]  # (size, restarts) at each start of the training processes
+    steps: list[tuple[int, int, int, float]]  # (step, size, first sample, time)
+
+    def last(self) -> tuple[int, int, int, float] | None:
+        return max(self.steps, key=lambda s: s[3]) if self.steps else None
+
+
+class Logbook:
+    """Every line rank 0 printed, kept across reads: a worker's log goes with its pod (rank 0
+    may be the one a ScaleIn takes), so the logs are read every SAMPLE seconds all along the
+    test (in a thread), each read adding what the live workers say then."""
+
+    def __init__(self, cluster: World, ns: str, job: str) -> None:
+        self.cluster, self.ns, self.job = cluster, ns, job
+        self.starts: set[tuple[str, int, int, int]] = set()
+        self.steps: set[tuple[int, int, int, float]] = set()
+        self.lock = threading.Lock()
+        self.reads, self.failed = 0, ""
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.wait(SAMPLE):
+            try:
+                self.read()
+                self.reads += 1
+            except Exception as exc:  # a pod gone between list and read: read again
+                self.failed = repr(exc)
+
+    def read(self) -> Seen:
+        with self.lock:
+            return self._read()
+
+    def _read(self) -> Seen:
+        # A deleted worker prints on while its preStop takes it out of the rendezvous.
+        for pod in self.cluster.pods(self.ns, self.job, "worker", live=False):
+            text = self.cluster.pod_log(self.ns, pod)
+            found = START.findall(text)
+            self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
+            self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
+        starts = [(a, b) for _, _, a, b in sorted(self.starts)]
+        return Seen(starts, sorted(self.steps, key=lambda x: x[3]))
+
+    def trains_at(self, size: int, after: float) -> Seen | None:
+        """Rank 0 has taken a few steps at `size` since `after`."""
+        assert self.reads or not self.failed, f"the logs could not be read: {self.failed}"
+        s = self.read()
+        return s if len([x for x in s.steps if x[1] == size and x[3] > after]) >= 3 else None
+
+    def wait_at(self, size: int, after: float, timeout: float) -> Seen:
+        seen = wait_for(lambda: self.trains_at(size, after), timeout, f"training at {size}")
+        assert seen is not None
+        return seen
+
+    def first_at(self, size: int, after: float) -> float | None:
+        """When rank 0 finished its first step at `size` since `after` (unix time)."""
+        times = [x[3] for x in self.read().steps if x[1] == size and x[3] > after]
+        return min(times) if times else None
