@@ -21,6 +21,7 @@ lint:
 	$(VENV)/bin/ruff check etoperator localcluster tests bench examples
 	$(VENV)/bin/ruff format --check etoperator localcluster tests bench examples
 	$(VENV)/bin/mypy
+	$(PY) hack/shape.py
 
 unit:
 	$(PY) -m pytest -q tests/unit

@@ -60,7 +60,7 @@ def admitted_at(c: World, ns: str) -> Callable[[], dict[str, float]]:
 def q1(tmp: Path, rounds: int = 10, queued: int = 100, room: int = 10) -> list[Row]:
     """Shared clusters (Kueue on hollow nodes): admitted -> first worker created and -> job
     Running; a ScaleIn's end -> a waiting job admitted; `queued` jobs on quota for `room`."""
-    from tests.support.queues import make_queue, queued_job, workloads
+    from localcluster.queues import make_queue, queued_job, workloads
 
     c = start_hollow(tmp, 2, HOLLOW_PODS, ["--no-ssh-checks"], kueue=True)
     try:
@@ -98,7 +98,7 @@ def q1_scale_in(
 ) -> list[float]:  # fmt: skip
     """A job holding all the room but one worker's, another waiting for two: a ScaleIn of the
     first by one lets the second in; from the ScaleIn's end to that admission."""
-    from tests.support.queues import queued_job, workloads
+    from localcluster.queues import queued_job, workloads
 
     took = []
     n = room * 3 - 2  # big's workers: with its launcher, all the room but one pod's
@@ -126,7 +126,7 @@ def q1_flow(
     """`jobs` queued at once on quota for `room`: each deleted once Running (hollow pods never
     end), which lets the next in. Admissions a minute, the last one's wait, the operator's RSS
     and requests."""
-    from tests.support.queues import queued_job
+    from localcluster.queues import queued_job
 
     t0, wall0 = time.monotonic(), time.time()
     for i in range(jobs):

@@ -17,6 +17,7 @@ from typing import Any
 from etoperator import naming
 from etoperator.api import claims
 from etoperator.api import fields as f
+from etoperator.api import runtimespec as rs
 from etoperator.api.fields import (  # re-exported: the names the rest of the code uses
     DEFAULT_MAX_WORKERS,
     MAX_SLOTS,
@@ -151,26 +152,6 @@ class LauncherSpec:
 
 
 @dataclass(frozen=True)
-class ElasticPolicy:
-    """spec.elasticPolicy of a Torchrun job (PyTorchJob's names): what each worker's
-    torchrun is given beyond what the operator fills in."""
-
-    nproc_per_node: int
-    max_restarts: int
-    rdzv_port: int
-
-
-@dataclass(frozen=True)
-class SharedVolume:
-    """spec.sharedVolume: one ReadWriteMany claim the operator makes for the job (its
-    checkpoints), mounted in every worker; deleted with the job, kept across its runs."""
-
-    mount_path: str
-    storage_class: str | None
-    storage: str
-
-
-@dataclass(frozen=True)
 class GangPolicy:
     """spec.schedulingPolicy: the workers placed all or nothing, at least `min_available` of
     them (Kubernetes' Workload API), with the pods' priority class and scheduler."""
@@ -198,8 +179,8 @@ class JobSpec:
     priority_class: str | None = None  # its WorkloadPriorityClass in that queue
     gang: GangPolicy | None = None  # spec.schedulingPolicy: gang scheduling of the workers
     runtime: str = "Horovod"  # spec.runtime: Horovod or Torchrun
-    elastic: ElasticPolicy | None = None  # spec.elasticPolicy (a Torchrun job's, defaulted)
-    shared: SharedVolume | None = None  # spec.sharedVolume
+    elastic: rs.ElasticPolicy | None = None  # spec.elasticPolicy (a Torchrun job's, defaulted)
+    shared: rs.SharedVolume | None = None  # spec.sharedVolume
 
     @property
     def torchrun(self) -> bool:
@@ -214,20 +195,8 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
     if problem:
         raise InvalidSpec(problem)
     spec = _dict(body.get("spec"), "spec")
-    replica_specs = _dict(spec.get("etReplicaSpecs"), "spec.etReplicaSpecs")
     runtime = f.RUNTIME.parse(spec.get("runtime"))
-    torchrun = runtime == "Torchrun"
-    if "worker" not in replica_specs or not (torchrun or "launcher" in replica_specs):
-        raise InvalidSpec("spec.etReplicaSpecs needs both launcher and worker")
-    worker = _worker(_dict(replica_specs["worker"], f.W), max_workers)
-    launcher = (
-        _rendezvous_host(replica_specs.get("launcher"), worker)
-        if torchrun
-        else _launcher(_dict(replica_specs["launcher"], f.L))
-    )
-    elastic = _elastic(spec.get("elasticPolicy"), worker) if torchrun else None
-    if not torchrun and spec.get("elasticPolicy") is not None:
-        raise InvalidSpec("spec.elasticPolicy is for runtime Torchrun; this job runs Horovod")
+    worker, launcher, elastic = _roles(spec, runtime, max_workers)
     slots = f.SLOTS.parse(spec.get("slotsPerWorker"))
     gpus = _gpu_limit(worker.template, f"{f.W}.template")
     f.ATTACH.parse(spec.get("launcherAttachMode"))
@@ -255,71 +224,25 @@ def parse_job(body: dict[str, Any], max_workers: int = DEFAULT_MAX_WORKERS) -> J
         gang=_gang(spec.get("schedulingPolicy"), worker),
         runtime=runtime,
         elastic=elastic,
-        shared=_shared(spec.get("sharedVolume"), worker),
+        shared=rs.shared(spec.get("sharedVolume"), worker.template),
     )
 
 
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-
-
-def _shared(volume: Any, worker: WorkerSpec) -> SharedVolume | None:
-    if volume is None:
-        return None
-    volume = _dict(volume, "spec.sharedVolume")
-    path = volume.get("mountPath", "/checkpoints")
-    if not isinstance(path, str) or not posixpath.isabs(path) or ".." in path.split("/"):
-        raise InvalidSpec(f"spec.sharedVolume.mountPath must be an absolute path, got {path!r}")
-    sc = volume.get("storageClassName")
-    if sc is not None and not (isinstance(sc, str) and naming.is_dns1123_subdomain(sc)):
-        raise InvalidSpec(f"spec.sharedVolume.storageClassName must be a valid name, got {sc!r}")
-    size = str(volume.get("storage", "1Gi"))
-    if not QUANTITY.match(size):
-        raise InvalidSpec(f"spec.sharedVolume.storage must be a quantity like 10Gi, got {size!r}")
-    pod = worker.template["spec"]
-    mounts = pod["containers"][0].get("volumeMounts") or []
-    if any(m.get("mountPath") == path for m in mounts):
-        raise InvalidSpec(
-            f"spec.sharedVolume.mountPath {path} is already a mount of the worker's container"
-        )
-    return SharedVolume(mount_path=path, storage_class=sc, storage=size)
-
-
-# What the operator gives each worker's torchrun (its flags read PET_<FLAG> from the
-# environment): the user's own would break the rendezvous.
-OWNED_TORCHRUN_ENV = (
-    "PET_NNODES", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF",
-    "PET_LOCAL_ADDR", "PET_MAX_RESTARTS", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-)  # fmt: skip
-OWNED_TORCHRUN_FLAGS = ("--nnodes", "--rdzv", "--local-addr", "--local_addr", "--node-rank",
-                        "--node_rank", "--master", "--standalone", "--max-restarts")  # fmt: skip
-
-
-def _elastic(policy: Any, worker: WorkerSpec) -> ElasticPolicy:
-    """spec.elasticPolicy, defaulted; the worker's own torchrun settings that would fight the
-    operator's refused (the operator fills them in)."""
-    policy = _dict(policy if policy is not None else {}, "spec.elasticPolicy")
-    container = worker.template["spec"]["containers"][0]
-    if not container.get("command"):
-        raise InvalidSpec(
-            f"{f.W}.template: a Torchrun worker's first container needs a command "
-            "(torchrun and your script, e.g. [torchrun, /train.py])"
-        )
-    env = {str(e.get("name")) for e in container.get("env") or [] if isinstance(e, dict)}
-    taken = sorted(env & set(OWNED_TORCHRUN_ENV))
-    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
-    flags = sorted({a.split("=")[0] for a in argv if a.startswith(OWNED_TORCHRUN_FLAGS)})
-    if taken or flags:
-        raise InvalidSpec(
-            f"{f.W}.template sets {', '.join(taken + flags)}: the operator sets the node "
-            "counts, the rendezvous and the restarts of a Torchrun job (spec.elasticPolicy, "
-            "minReplicas and maxReplicas); remove them"
-        )
-    return ElasticPolicy(
-        nproc_per_node=f.NPROC.parse(policy.get("nProcPerNode")) or 1,
-        max_restarts=f.MAX_RESTARTS.parse(policy.get("maxRestarts")) or 0,
-        rdzv_port=f.RDZV_PORT.parse(policy.get("rdzvPort")) or f.DEFAULT_RDZV_PORT,
-    )
+def _roles(
+    spec: dict[str, Any], runtime: str, max_workers: int
+) -> tuple[WorkerSpec, LauncherSpec, rs.ElasticPolicy | None]:
+    """The worker, the launcher (a Torchrun job's may be left out) and the elastic policy."""
+    replica_specs = _dict(spec.get("etReplicaSpecs"), "spec.etReplicaSpecs")
+    torchrun = runtime == "Torchrun"
+    if "worker" not in replica_specs or not (torchrun or "launcher" in replica_specs):
+        raise InvalidSpec("spec.etReplicaSpecs needs both launcher and worker")
+    worker = _worker(_dict(replica_specs["worker"], f.W), max_workers)
+    if not torchrun:
+        if spec.get("elasticPolicy") is not None:
+            raise InvalidSpec("spec.elasticPolicy is for runtime Torchrun; this job runs Horovod")
+        return worker, _launcher(_dict(replica_specs["launcher"], f.L)), None
+    launcher = _rendezvous_host(replica_specs.get("launcher"), worker)
+    return worker, launcher, rs.elastic(spec.get("elasticPolicy"), worker.template)
 
 
 def _rendezvous_host(launcher: Any, worker: WorkerSpec) -> LauncherSpec:

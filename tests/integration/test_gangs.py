@@ -13,8 +13,8 @@ import pytest
 
 from etoperator import naming
 from localcluster.manifests import job, scalein, scaleout
+from localcluster.queues import make_queue
 from tests.harness import Cluster, wait_for
-from tests.support.queues import make_queue
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,7 @@ import yaml
 
 from etoperator import naming
 from localcluster.manifests import scalein, scaleout
-from tests.faultproxy import Crash
-from tests.harness import Cluster, wait_for
-from tests.support.queues import (
+from localcluster.queues import (
     KUEUE,
     QuotaWatch,
     admitted_workers,
@@ -26,6 +24,8 @@ from tests.support.queues import (
     queued_job,
     workloads,
 )
+from tests.faultproxy import Crash
+from tests.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Quota that holds: through scale-ins, scale-outs, slices and preemptions, no pod runs
-beyond what Kueue admitted, sampled every 0.2 s as Kueue counts it (tests/support/queues.py,
+beyond what Kueue admitted, sampled every 0.2 s as Kueue counts it (localcluster/queues.py,
 QuotaWatch): the pods' requests within the ClusterQueue's reservation, no worker of a job that
 holds no admission."""
 
@@ -12,8 +12,7 @@ import yaml
 
 from etoperator import naming
 from localcluster.manifests import scalein, scaleout
-from tests.harness import Cluster, wait_for
-from tests.support.queues import (
+from localcluster.queues import (
     KUEUE,
     QuotaWatch,
     admitted_workers,
@@ -22,6 +21,7 @@ from tests.support.queues import (
     queued_job,
     reserved,
 )
+from tests.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.integration
 SO, SI = naming.SCALEOUT_KIND, naming.SCALEIN_KIND

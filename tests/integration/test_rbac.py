@@ -11,9 +11,9 @@ import yaml
 
 from localcluster.cluster import OPERATOR_USER
 from localcluster.manifests import job, scalein, scaleout
+from localcluster.queues import KUEUE, live_workloads, make_queue, queued_job
 from tests.harness import ROOT, Cluster, wait_for
 from tests.support.horovod import horovod_process
-from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import yaml
 from etoperator import naming
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job, scaleout
+from localcluster.queues import KUEUE, live_workloads, make_queue, queued_job
 from tests.harness import Cluster, wait_for
-from tests.support.queues import KUEUE, live_workloads, make_queue, queued_job
 from tests.support.waits import running
 
 pytestmark = pytest.mark.integration

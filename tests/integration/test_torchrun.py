@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from etoperator import naming
 from localcluster.manifests import scalein, scaleout, torchrun_job
+from localcluster.queues import MILLICPU, QuotaWatch, admitted_workers, make_queue
 from localcluster.torchlogs import Logbook, Seen
 from tests.harness import Cluster, wait_for
 
@@ -110,3 +112,28 @@ def test_kubectl_scale_and_a_drain_of_a_torchrun_worker_are_planned_changes(
     assert {r for _, r in drained.starts} == {0}, f"planned changes used restarts: {drained}"
     wait_for(lambda: cluster.pods(ns, "tr", "worker") == ["tr-worker-0", "tr-worker-1"], 30)
     assert cluster.phase(ns, "tr") == "Running"
+
+
+def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
+    cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
+) -> None:
+    """Kueue admits the job at 2 workers, then the ScaleOut's slice at 3; what Kueue counts
+    (sampled all along) never falls short of the pods."""
+    cq = make_queue(cluster, ns, pods=3)  # room for 3 workers; the launcher asks for nothing
+    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
+    body = torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4)
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq"}
+    worker = body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {"cpu": f"{MILLICPU}m"}}
+    with QuotaWatch(cluster, ns, cq):
+        cluster.create(body, ns)
+        book = Logbook(cluster, ns, "tr")
+        request.addfinalizer(book.done.set)
+        book.wait_at(2, 0, 180)
+        since = time.time()
+        cluster.create(scaleout("out", "tr", 1, timeout=120), ns)
+        wait_for(lambda: cluster.phase(ns, "out", "ScaleOut") == "ScaleSucceeded", 150)
+        grown = book.wait_at(3, since, 60)
+        continued(grown, 3, since)
+        assert admitted_workers(cluster, ns, "tr") == 3
+        assert {r for _, r in grown.starts} == {0}

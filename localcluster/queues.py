@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from etoperator import kube, naming
 from localcluster.manifests import job
-from tests.harness import World
+from localcluster.world import World
 
 MILLICPU = 100  # each pod's request, unless a test says otherwise
 KUEUE = "kueue.x-k8s.io/v1beta2"
