@@ -87,9 +87,13 @@ def test_operator_uses_exactly_the_granted_permissions(cluster: Cluster, ns: str
                 "metadata": {"name": "rb-worker-1", "namespace": ns},
             }
         )
+    # Its shared volume: the claim made with the first workers, found again with the next.
+    shared = {"storageClassName": "shared", "storage": "1Mi"}
     cluster.create(
-        job("rb", replicas=2, maxReplicas=4, workerRestartPolicy="Always", cleanPodPolicy="All"), ns
-    )
+        job("rb", replicas=2, maxReplicas=4, workerRestartPolicy="Always", cleanPodPolicy="All",
+            sharedVolume=shared),
+        ns,
+    )  # fmt: skip
     wait_for(lambda: (cluster.condition(ns, "rb", "Blocked") or {}).get("status") == "True")
     # A second job finds its ConfigMap and launcher account, Role and binding taken (the
     # operator reads them to tell); a third names an SSH Secret of the user's (read, not
