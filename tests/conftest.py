@@ -76,12 +76,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # starting): it goes to half b. Half a takes a demo killed before its tour (it
 # trains nothing). test_horovod's two short trainings (across two nodes, a drain) went there
 # once: at the halves' priority they took twice as long, and beside the training process two
-# trainings at once slowed both past their bounds (a hand-over, a ScaleIn). Unit modules go
-# anywhere.
+# trainings at once slowed both past their bounds (a hand-over, a ScaleIn). test_torchrun.py's
+# trainings are light (a step every 0.1 s, two or three ranks): half a, which had room (by a
+# run's junit durations, half b 1020 s with it, half a 937 s with a slow cluster start of 357 s).
+# Unit modules go anywhere.
 TRAINING = {"tests/integration/test_horovod.py"}
 INTEGRATION_HALF_A = {
     "test_crash.py", "test_kueue.py", "test_leader.py", "test_gangs.py", "test_lifecycle.py",
-    "test_operations.py",
+    "test_operations.py", "test_torchrun.py",
 }  # fmt: skip
 TO_HALF_B = (
     "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_scale_is_harmless"

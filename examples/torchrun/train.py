@@ -63,7 +63,10 @@ class State:
     def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         self.model, self.opt = model, opt
         self.step = self.epoch = self.position = 0
-        self.at_step_end = True  # between steps: a save now is consistent
+        # The model, the optimizer and the counters agree (all but while opt.step() and the
+        # counters move on): a save now is consistent, mid-step too (a step not finished
+        # has changed nothing saved).
+        self.at_step_end = True
 
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
@@ -130,7 +133,6 @@ def main() -> int:
         before = F.cross_entropy(model(held_x), held_y).item()
     share = args.batch // world
     while state.step < args.steps:
-        state.at_step_end = False
         if state.position + args.batch > args.epoch_size:
             state.epoch, state.position = state.epoch + 1, 0
         x, y = samples(state.position + rank * share, share)
@@ -144,8 +146,9 @@ def main() -> int:
             # change, not one of --max-restarts. Only when no stop comes is it a failure.
             time.sleep(PEER_GRACE)
             raise
-        opt.step()
         first = state.position
+        state.at_step_end = False
+        opt.step()
         state.step, state.position = state.step + 1, state.position + share * world
         state.at_step_end = True
         if rank == 0:

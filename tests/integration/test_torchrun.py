@@ -137,3 +137,24 @@ def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
         continued(grown, 3, since)
         assert admitted_workers(cluster, ns, "tr") == 3
         assert {r for _, r in grown.starts} == {0}
+
+
+def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
+    cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
+) -> None:
+    """A whole stop (spec.suspend) and a fresh run: the workers' stop saved at a step's end
+    (their SIGTERM), the claim outlived the run, and the new run resumes from it."""
+    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", "1000"]
+    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
+    book = Logbook(cluster, ns, "tr")
+    request.addfinalizer(book.done.set)
+    book.wait_at(2, 0, 180)
+    cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
+    wait_for(lambda: not cluster.pods(ns, "tr", live=False), 60, "every pod gone")
+    last = book.read().last()
+    assert last is not None and last[0] < 1000  # no periodic save yet: only the stop's
+    since = time.time()
+    cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": False}})
+    resumed = book.wait_at(2, since, 180)
+    first = min((x for x in resumed.steps if x[3] > since), key=lambda x: x[3])
+    assert first[0] == last[0] + 1, f"resumed at {first}, stopped after {last}"
