@@ -29,6 +29,18 @@ def continued(s: Seen, size: int, since: float) -> None:
     assert last[0] - SAVE_EVERY <= first[0] - 1 <= last[0], (last, first)
 
 
+def training(
+    cluster: Cluster, ns: str, request: pytest.FixtureRequest, save_every: int = SAVE_EVERY
+) -> Logbook:
+    """Job `tr` of 2 workers (1 to 4) training on; its rank 0's lines read all along."""
+    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(save_every)]
+    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
+    book = Logbook(cluster, ns, "tr")
+    request.addfinalizer(book.done.set)
+    book.wait_at(2, 0, 180)
+    return book
+
+
 @pytest.fixture
 def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[None]:
     """A failed test shows what the job's pods said (rank 0's lines, torch's own)."""
@@ -41,11 +53,7 @@ def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[
 def test_a_torchrun_job_scales_out_and_in_and_outlives_a_killed_worker(
     cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
 ) -> None:
-    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
-    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
-    book = Logbook(cluster, ns, "tr")
-    request.addfinalizer(book.done.set)
-    book.wait_at(2, 0, 180)
+    book = training(cluster, ns, request)
 
     since = time.time()
     cluster.create(scaleout("out", "tr", 1, timeout=120), ns)
@@ -91,11 +99,7 @@ def test_kubectl_scale_and_a_drain_of_a_torchrun_worker_are_planned_changes(
 ) -> None:
     """`kubectl scale` up, then `kubectl drain` of the node holding the new worker (an
     eviction, as spot reclaims and upgrades make): both resize the run without a failure."""
-    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
-    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
-    book = Logbook(cluster, ns, "tr")
-    request.addfinalizer(book.done.set)
-    book.wait_at(2, 0, 180)
+    book = training(cluster, ns, request)
 
     since = time.time()
     cluster.kubectl("scale", "tj", "tr", "-n", ns, "--replicas", "3")
@@ -144,11 +148,7 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
 ) -> None:
     """A whole stop (spec.suspend) and a fresh run: the workers' stop saved at a step's end
     (their SIGTERM), the claim outlived the run, and the new run resumes from it."""
-    args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", "1000"]
-    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
-    book = Logbook(cluster, ns, "tr")
-    request.addfinalizer(book.done.set)
-    book.wait_at(2, 0, 180)
+    book = training(cluster, ns, request, save_every=1000)
     cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
     wait_for(lambda: not cluster.pods(ns, "tr", live=False), 60, "every pod gone")
     last = book.read().last()
