@@ -93,7 +93,7 @@ def one_round(c: Chain, ns: str, book: Logbook, r: int, took: dict[str, list[flo
     timed("kill", SIZE - 1, lambda: c.kill(ns, workers(c, ns)[0]))
     timed("kubectl scale", SIZE, lambda: scale(c, ns, SIZE))
     timed("drain", SIZE - 1, lambda: drain(c, ns, workers(c, ns)[-1]))
-    c.kubectl("uncordon", *[n for n in node_names(c)])
+    c.kubectl("uncordon", *node_names(c))
     scale(c, ns, SIZE)
     wait_for(lambda: book.first_at(SIZE, time.time() - 1), 300, "back at 4", 0.5)
 

@@ -27,7 +27,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 TICK = 0.1  # seconds between looks at the rendezvous (torchrun's agents look as often)
@@ -78,9 +80,12 @@ class _Settings:
         self.min_nodes = min_nodes
 
 
-def tidy(state: Any, marked_round: int | None, hosts: int, min_nodes: int) -> tuple[bool, bool]:
+def tidy(
+    state: Any, marked_round: int | None, hosts: Callable[[], int], min_nodes: int
+) -> tuple[bool, bool]:
     """(state changed, marker still out). The marker goes once its round moved on; a round
-    holding as many nodes as the host list closes now."""
+    holding as many nodes as the host list closes now. `hosts` is asked only for a round
+    that may close (a process a tick otherwise)."""
     changed = False
     out = marker() in state.wait_list
     if out and (marked_round is None or state.round != marked_round or not state.complete):
@@ -94,8 +99,8 @@ def tidy(state: Any, marked_round: int | None, hosts: int, min_nodes: int) -> tu
         and not state.complete
         and state.deadline is not None
         and count >= max(min_nodes, 1)
-        and count == hosts
         and state.deadline > now
+        and count == hosts()
     ):
         state.deadline = now - timedelta(microseconds=1)
         changed = True
@@ -134,7 +139,8 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
         for addr in leaving:
             if drop_nodes(state, addr):
                 changed, marked = True, state.round
-        tidied = discover != "-" and tidy(state, marked, count_hosts(discover), min_nodes)[0]
+        hosts = partial(count_hosts, discover)
+        tidied = discover != "-" and tidy(state, marked, hosts, min_nodes)[0]
         written = backend.set_state(pickle.dumps(state), token) if changed or tidied else None
         if (changed or tidied) and not (written and written[2]):
             continue  # an agent wrote first: look again

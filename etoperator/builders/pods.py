@@ -38,22 +38,33 @@ def _ssh_volume(secret: str, keys: frozenset[str]) -> dict[str, Any]:
     }
 
 
-def _config_volume(job: str) -> dict[str, Any]:
-    # Readable by a non-root launcher: the script is 0755 and the host lists 0644.
+HOROVOD_CONFIG = (naming.DISCOVER_KEY, naming.HOSTFILE_KEY, naming.DEEPSPEED_KEY)
+
+
+def config_volume(job: str, keys: tuple[str, ...] = HOROVOD_CONFIG) -> dict[str, Any]:
+    """The job's ConfigMap, its `keys` as files. Readable by a non-root launcher: the
+    discovery script is 0755, the rest 0644."""
     return {
         "name": CONFIG_VOLUME,
         "configMap": {
             "name": naming.config_map_name(job),
             "items": [
-                {"key": naming.DISCOVER_KEY, "path": naming.DISCOVER_KEY, "mode": SCRIPT_MODE},
-                {"key": naming.HOSTFILE_KEY, "path": naming.HOSTFILE_KEY, "mode": FILE_MODE},
-                {"key": naming.DEEPSPEED_KEY, "path": naming.DEEPSPEED_KEY, "mode": FILE_MODE},
+                {
+                    "key": k,
+                    "path": k,
+                    "mode": SCRIPT_MODE if k == naming.DISCOVER_KEY else FILE_MODE,
+                }
+                for k in keys
             ],
         },
     }
 
 
-def _with_volumes(
+def config_mount() -> dict[str, Any]:
+    return {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT}
+
+
+def with_volumes(
     template: dict[str, Any], volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The template's pod spec with our volumes added (replacing any of the same name)."""
@@ -73,7 +84,7 @@ def _with_volumes(
     return spec
 
 
-def _pod(
+def pod_of(
     name: str,
     job_spec: JobSpec,
     owner: Owner,
@@ -132,7 +143,7 @@ def worker_pod(
     placement: Placement = ANYWHERE,
 ) -> dict[str, Any]:
     name = naming.worker_name(job_spec.name, index)
-    spec = _with_volumes(
+    spec = with_volumes(
         job_spec.worker.template,
         [_ssh_volume(secret, secret_items)],
         [{"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT}],
@@ -148,7 +159,7 @@ def worker_pod(
     spec.setdefault("hostname", name)
     placement.apply(spec)
     gang.place(job_spec, spec, worker=True)
-    return _pod(
+    return pod_of(
         name,
         job_spec,
         owner,
@@ -177,12 +188,12 @@ def launcher_pod(
 ) -> dict[str, Any]:
     """The launcher of run `run` (the job's restartCount): the run is stamped on the pod so a
     launcher left over from an earlier run is never taken for the current one."""
-    spec = _with_volumes(
+    spec = with_volumes(
         job_spec.launcher.template,
-        [_ssh_volume(secret, secret_items), _config_volume(job_spec.name)],
+        [_ssh_volume(secret, secret_items), config_volume(job_spec.name)],
         [
             {"name": SSH_VOLUME, "mountPath": naming.SSH_MOUNT},
-            {"name": CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
+            config_mount(),
         ],
     )
     spec["serviceAccountName"] = launcher_service_account(job_spec, job_spec.launcher.template)
@@ -196,7 +207,7 @@ def launcher_pod(
         env.append({"name": naming.RENDEZVOUS_TIMEOUT_ENV, "value": str(naming.RENDEZVOUS_TIMEOUT)})
     placement.apply(spec)
     gang.place(job_spec, spec, worker=False)
-    pod = _pod(
+    pod = pod_of(
         naming.launcher_name(job_spec.name),
         job_spec,
         owner,
@@ -217,6 +228,14 @@ def launcher_service_account(job_spec: JobSpec, template: dict[str, Any]) -> str
 def worker_service(job_spec: JobSpec, owner: Owner, index: int) -> dict[str, Any]:
     name = naming.worker_name(job_spec.name, index)
     labels = naming.worker_labels(job_spec.name, index)
+    ports = {f"port-{p}": p for p in naming.SERVICE_PORTS}
+    return headless_service(job_spec, owner, name, labels, ports)
+
+
+def headless_service(
+    job_spec: JobSpec, owner: Owner, name: str, labels: dict[str, str], ports: dict[str, int]
+) -> dict[str, Any]:
+    """A name in cluster DNS for the one pod `labels` select, from before it is ready."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -226,8 +245,7 @@ def worker_service(job_spec: JobSpec, owner: Owner, index: int) -> dict[str, Any
             "publishNotReadyAddresses": True,
             "selector": labels,
             "ports": [
-                {"name": f"port-{p}", "port": p, "targetPort": p, "protocol": "TCP"}
-                for p in naming.SERVICE_PORTS
+                {"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()
             ],
         },
     }

@@ -22,7 +22,7 @@ class TrainingRuntime(Protocol):
     probes: bool
     # The launcher is made with the first workers (they wait for it), not once they are ready.
     launcher_first: bool
-    ready_words: str  # what WorkersReady says the listed workers do
+    ready_words: tuple[str, str]  # what WorkersReady says the listed worker(s) do: one, many
 
     def worker_pod(
         self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
@@ -45,7 +45,7 @@ class Horovod:
     name = "Horovod"
     probes = True
     launcher_first = False
-    ready_words = "accept the job's SSH key"
+    ready_words = ("accepts the job's SSH key", "accept the job's SSH key")
 
     def worker_pod(
         self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
@@ -71,7 +71,7 @@ class Torchrun:
     name = "Torchrun"
     probes = False
     launcher_first = True
-    ready_words = "run torchrun's agent"
+    ready_words = ("runs torchrun's agent", "run torchrun's agent")
 
     def worker_pod(
         self, spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],

@@ -11,8 +11,8 @@ from typing import Any
 
 from etoperator import naming
 from etoperator.api.models import JobSpec
-from etoperator.builders import gang
-from etoperator.builders.common import ANYWHERE, Owner, Placement, metadata
+from etoperator.builders import gang, pods
+from etoperator.builders.common import ANYWHERE, Owner, Placement
 
 KEEP_ALIVE = 1  # seconds between an agent's heartbeats (torch: 5)
 KEEP_ALIVE_MISSED = 3  # heartbeats missed before a node counts as dead (torch: 3, so 15 s)
@@ -64,37 +64,13 @@ def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
     return env
 
 
-def _config_volume(job: str) -> dict[str, Any]:
-    return {
-        "name": naming.CONFIG_VOLUME,
-        "configMap": {
-            "name": naming.config_map_name(job),
-            "items": [
-                {"key": naming.RENDEZVOUS_KEY, "path": naming.RENDEZVOUS_KEY, "mode": 0o644},
-                {"key": naming.DISCOVER_KEY, "path": naming.DISCOVER_KEY, "mode": 0o755},
-                {"key": naming.HOSTFILE_KEY, "path": naming.HOSTFILE_KEY, "mode": 0o644},
-            ],
-        },
-    }
+CONFIG_KEYS = (naming.RENDEZVOUS_KEY, naming.DISCOVER_KEY, naming.HOSTFILE_KEY)
 
 
 def _mounted(template: dict[str, Any], job: str) -> dict[str, Any]:
     """The template's pod spec with the job's ConfigMap mounted in the first container."""
-    spec = copy.deepcopy(template.get("spec") or {})
-    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != naming.CONFIG_VOLUME]
-    spec["volumes"] = [*volumes, _config_volume(job)]
-    first = spec["containers"][0]
-    mounts = [
-        m
-        for m in first.get("volumeMounts") or []
-        if m.get("name") != naming.CONFIG_VOLUME and m.get("mountPath") != naming.CONFIG_MOUNT
-    ]
-    first["volumeMounts"] = [
-        *mounts,
-        {"name": naming.CONFIG_VOLUME, "mountPath": naming.CONFIG_MOUNT},
-    ]
-    spec["restartPolicy"] = "Never"
-    return spec
+    volume = pods.config_volume(job, CONFIG_KEYS)
+    return pods.with_volumes(template, [volume], [pods.config_mount()])
 
 
 def wait_for_rendezvous(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
@@ -143,25 +119,16 @@ def worker_pod(
     pod_spec.setdefault("hostname", name)
     placement.apply(pod_spec)
     gang.place(spec, pod_spec, worker=True)
-    return _pod(name, spec, owner, naming.worker_labels(spec.name, index), pod_spec)
-
-
-def _pod(
-    name: str, spec: JobSpec, owner: Owner, labels: dict[str, str], pod_spec: dict[str, Any]
-) -> dict[str, Any]:
-    tmeta = spec.worker.template.get("metadata") or {}
-    own = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != naming.LABEL_QUEUE}
-    meta = metadata(
-        name, spec.namespace, owner, {**own, **labels}, dict(tmeta.get("annotations") or {})
-    )
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    labels = naming.worker_labels(spec.name, index)
+    return pods.pod_of(name, spec, owner, spec.worker.template, labels, pod_spec)
 
 
 def launcher_pod(
     spec: JobSpec, owner: Owner, run: int, account: str, placement: Placement = ANYWHERE
 ) -> dict[str, Any]:
     """The rendezvous host of run `run`: torch's TCPStore and its conductor; it reads the
-    host list as Horovod's launcher does (discover_hosts.sh, with `account`'s token)."""
+    host list as Horovod's launcher does (discover_hosts.sh, with `account`'s token:
+    pods.launcher_service_account's answer)."""
     assert spec.elastic is not None
     pod_spec = _mounted(spec.launcher.template, spec.name)
     first = pod_spec["containers"][0]
@@ -175,35 +142,18 @@ def launcher_pod(
         p for p in first.get("ports") or [] if p.get("containerPort") != spec.elastic.rdzv_port
     ]
     first["ports"] = [*ports, {"name": "rendezvous", "containerPort": spec.elastic.rdzv_port}]
-    pod_spec["serviceAccountName"] = (spec.launcher.template.get("spec") or {}).get(
-        "serviceAccountName"
-    ) or account
+    pod_spec["serviceAccountName"] = account  # the template's own, else the operator's
     pod_spec["automountServiceAccountToken"] = True
     placement.apply(pod_spec)
     gang.place(spec, pod_spec, worker=False)
-    tmeta = spec.launcher.template.get("metadata") or {}
-    own = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != naming.LABEL_QUEUE}
-    labels = {**own, **naming.launcher_labels(spec.name)}
-    meta = metadata(naming.launcher_name(spec.name), spec.namespace, owner, labels,
-                    dict(tmeta.get("annotations") or {}))  # fmt: skip
-    meta.setdefault("annotations", {})[naming.ANN_RUN] = str(run)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    name, labels = naming.launcher_name(spec.name), naming.launcher_labels(spec.name)
+    pod = pods.pod_of(name, spec, owner, spec.launcher.template, labels, pod_spec)
+    pod["metadata"].setdefault("annotations", {})[naming.ANN_RUN] = str(run)
+    return pod
 
 
 def rendezvous_service(spec: JobSpec, owner: Owner) -> dict[str, Any]:
     """The launcher's name in cluster DNS, which every agent's endpoint names."""
     assert spec.elastic is not None
-    name = naming.launcher_name(spec.name)
-    labels = naming.launcher_labels(spec.name)
-    port = spec.elastic.rdzv_port
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": metadata(name, spec.namespace, owner, labels),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": labels,
-            "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
+    name, labels = naming.launcher_name(spec.name), naming.launcher_labels(spec.name)
+    return pods.headless_service(spec, owner, name, labels, {"rendezvous": spec.elastic.rdzv_port})

@@ -201,8 +201,8 @@ def say_pending(d: Draft, m: Members) -> None:
 def say_workers_ready(d: Draft, count: int, event: bool) -> None:
     """WorkersReady with the number of workers in the host list now (kept current after
     scales without a new event)."""
-    words = runtimes.of(d.spec).ready_words
-    message = f"{workers(count)} {words.replace('accept ', 'accepts ') if count == 1 else words}"
+    one, many = runtimes.of(d.spec).ready_words
+    message = f"{workers(count)} {one if count == 1 else many}"
     d.set_cond("WorkersReady", "True", "WorkersReady", message, event=event)
 
 

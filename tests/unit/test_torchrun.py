@@ -121,9 +121,9 @@ def test_the_marker_goes_once_its_round_moved_on() -> None:
     state = complete_round("a", "b")
     rendezvous.drop_nodes(state, "b")
     marked = state.round
-    assert rendezvous.tidy(state, marked, 1, 1) == (False, True)
+    assert rendezvous.tidy(state, marked, lambda: 1, 1) == (False, True)
     state.round, state.complete = marked + 1, False
-    changed, out = rendezvous.tidy(state, marked, 1, 1)
+    changed, out = rendezvous.tidy(state, marked, lambda: 1, 1)
     assert changed and not out and rendezvous.marker() not in state.wait_list
 
 
@@ -132,8 +132,8 @@ def test_a_forming_round_closes_once_it_holds_the_host_list() -> None:
     later = datetime.now(UTC) + timedelta(seconds=30)  # torch's last call
     state.participants = {node("a"): 0, node("b"): 0}
     state.deadline = later
-    assert rendezvous.tidy(state, None, 3, 1) == (False, False)  # 2 of 3: torch waits
-    changed, _ = rendezvous.tidy(state, None, 2, 1)
+    assert rendezvous.tidy(state, None, lambda: 3, 1) == (False, False)  # 2 of 3: torch waits
+    changed, _ = rendezvous.tidy(state, None, lambda: 2, 1)
     assert changed and state.deadline < datetime.now(UTC)
 
 
