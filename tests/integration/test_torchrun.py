@@ -150,7 +150,8 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     (their SIGTERM), the claim outlived the run, and the new run resumes from it."""
     book = training(cluster, ns, request, save_every=1000)
     cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
-    wait_for(lambda: not cluster.pods(ns, "tr", live=False), 60, "every pod gone")
+    # a stop waits out no grace period: the launcher ends at SIGTERM, each worker once it saved
+    wait_for(lambda: not cluster.pods(ns, "tr", live=False), 15, "every pod gone")
     last = book.read().last()
     assert last is not None and last[0] < 1000  # no periodic save yet: only the stop's
     since = time.time()

@@ -4,6 +4,7 @@ torch's real state class)."""
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -146,3 +147,37 @@ def test_torchrun_as_it_is_gets_torchs_timeouts_no_hook_and_a_store_alone() -> N
     assert "lifecycle" not in pod["spec"]["containers"][0]
     _, launcher = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()))
     assert launcher["spec"]["containers"][0]["command"][-1] == "-"
+
+
+def test_the_rendezvous_host_stops_at_sigterm_as_a_container_s_first_process() -> None:
+    """A container's first process gets no default signal action: the launcher must end at
+    the kubelet's SIGTERM itself, not wait out the grace period for its SIGKILL."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    if not shutil.which("unshare") or os.geteuid() != 0:
+        pytest.skip("needs unshare and root for a PID namespace")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-u", rendezvous.__file__, "serve", str(port), "r", "1", "-"]
+    # unshare forks the server as PID 1 of a new PID namespace; its parent passes signals on
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", *argv],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert "serving" in proc.stdout.readline()
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        server = int(children.stdout.split()[0])
+        os.kill(server, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is not None, "the rendezvous host ignored SIGTERM"
+    finally:
+        proc.kill()
+        proc.wait()
