@@ -89,6 +89,7 @@ TO_HALF_B = (
     "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_scale_is_harmless"
     "[kubectl scale up and down]",
     "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains_on",
+    "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_harmless",
 )
 TO_HALF_A = ("tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs",)
 

@@ -22,6 +22,7 @@ class TrainingRuntime(Protocol):
     probes: bool
     # The launcher is made with the first workers (they wait for it), not once they are ready.
     launcher_first: bool
+    ssh: bool  # its pods need the job's SSH key pair (a Secret made); torchrun's meet otherwise
     ready_words: tuple[str, str]  # what WorkersReady says the listed worker(s) do: one, many
 
     def worker_pod(
@@ -45,6 +46,7 @@ class Horovod:
     name = "Horovod"
     probes = True
     launcher_first = False
+    ssh = True
     ready_words = ("accepts the job's SSH key", "accept the job's SSH key")
 
     def worker_pod(
@@ -71,6 +73,7 @@ class Torchrun:
     name = "Torchrun"
     probes = False
     launcher_first = True
+    ssh = False
     ready_words = ("runs torchrun's agent", "run torchrun's agent")
 
     def worker_pod(

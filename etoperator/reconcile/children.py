@@ -96,7 +96,7 @@ class Children:
         problems += met
         role = next(o for o in wanted if o["kind"] == "Role")
         view = BasicsView(
-            secret=bool(spec.ssh_secret) or obs.secret is not None,
+            secret=not runtimes.of(spec).ssh or bool(spec.ssh_secret) or obs.secret is not None,
             config_map=obs.configmap is not None,
             # A making that met something in the way is tried again at the job's next pass,
             # not in the pass that told of it (which came a second after: a making a second).

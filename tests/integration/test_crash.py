@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from etoperator import naming
-from localcluster.manifests import job, scalein, scaleout
+from localcluster.manifests import job, scalein, scaleout, torchrun_job
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running
@@ -123,9 +123,28 @@ def await_consistent(c: Cluster, ns: str, expected: int, what: str) -> None:
 def test_a_crash_at_every_write_of_a_scale_is_harmless(
     cluster: Cluster, ns: str, pair: str
 ) -> None:
-    scales = PAIRS[pair]
-    cluster.create(job(JOB, replicas=2, maxReplicas=6), ns)
+    crash_at_every_write(cluster, ns, PAIRS[pair], job(JOB, replicas=2, maxReplicas=6))
+
+
+def test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_harmless(
+    cluster: Cluster, ns: str
+) -> None:
+    """The same for torchrun's agents (the launcher made first, a rendezvous, no SSH): and
+    the run is the one it began as (its rendezvous host never remade, no restart)."""
+    args = ["--steps", "100000", "--step-sleep", "0.5", "--save-every", "20"]
+    body = torchrun_job(JOB, 2, args, minReplicas=1, maxReplicas=6)
+    launcher = naming.launcher_name(JOB)
+    uid = lambda: cluster.obj("Pod", ns, launcher)["metadata"]["uid"]
+    crash_at_every_write(cluster, ns, PAIRS["ScaleOut, ScaleIn by name"], body, uid)
+
+
+def crash_at_every_write(
+    cluster: Cluster, ns: str, scales: list[Scale], body: Any, launcher: Callable[[], str] = str
+) -> None:
+    """`launcher`: the launcher's identity, the same at the end as at the start."""
+    cluster.create(body, ns)
     running(cluster, ns, JOB)
+    began = launcher(), cluster.status(ns, JOB).get("restartCount")
     # Each round is the pair (back to 2 workers), the operator killed after the k-th write of
     # each scale in it; a scale with fewer writes ends without a crash.
     writes = [scale_once(cluster, ns, scale, f"clean-{i}", None) for i, scale in enumerate(scales)]
@@ -138,6 +157,7 @@ def test_a_crash_at_every_write_of_a_scale_is_harmless(
     made = [s for s in scalers(cluster, ns) if naming.ANN_SCALE_GENERATION in annots(s)]
     # One scaler per `kubectl scale`, never one the operator made out of its own write.
     assert len(made) == kubectl_ops, sorted(str(annots(s)) for s in made)
+    assert (launcher(), cluster.status(ns, JOB).get("restartCount")) == began
 
 
 def annots(obj: dict[str, Any]) -> dict[str, str]:

@@ -81,8 +81,18 @@ def test_a_torchrun_job_that_ends_succeeds_and_its_run_ends_with_it(
     cluster: Cluster, ns: str
 ) -> None:
     """The launcher's exit is the run's: every agent passed torch's exit barrier. The
-    checkpoint is on the job's claim, a volume the local-path provisioner made."""
-    cluster.create(torchrun_job("short", 2, ["--steps", "20"]), ns)
+    checkpoint is on the job's claim, a volume the local-path provisioner made. Its workers
+    are a gang (placed whole, the launcher apart)."""
+    body = torchrun_job("short", 2, ["--steps", "20"])
+    body["spec"]["schedulingPolicy"] = {"minAvailable": 2}
+    cluster.create(body, ns)
+    group = naming.pod_group_name("short")
+    wait_for(lambda: len(cluster.pods(ns, "short", "worker")) == 2, 60, "the workers")
+    assert cluster.obj(naming.POD_GROUP_KIND, ns, group)["spec"]["schedulingPolicy"] == {
+        "gang": {"minCount": 2}
+    }
+    for pod in cluster.pods(ns, "short", "worker"):
+        assert cluster.obj("Pod", ns, pod)["spec"]["schedulingGroup"]["podGroupName"] == group
     wait_for(lambda: cluster.phase(ns, "short") in ("Succeeded", "Failed"), 180, "the end")
     assert cluster.phase(ns, "short") == "Succeeded", cluster.pod_log(ns, "short-launcher")
     assert "exit barrier passed" in cluster.pod_log(ns, "short-launcher")
@@ -92,13 +102,16 @@ def test_a_torchrun_job_that_ends_succeeds_and_its_run_ends_with_it(
     assert volume is not None
     path = Path(volume["spec"]["hostPath"]["path"])
     assert (path / "checkpoint.pt").exists(), sorted(path.iterdir())
+    # torchrun's agents meet at the rendezvous, not over SSH: no key pair is made or given
+    assert cluster.api.get("Secret", ns, naming.secret_name("short")) is None
 
 
 def test_kubectl_scale_and_a_drain_of_a_torchrun_worker_are_planned_changes(
     cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
 ) -> None:
-    """`kubectl scale` up, then `kubectl drain` of the node holding the new worker (an
-    eviction, as spot reclaims and upgrades make): both resize the run without a failure."""
+    """`kubectl scale` up, `kubectl drain` of the node holding the new worker (an eviction,
+    as spot reclaims and upgrades make), then a preemption notice (DisruptionTarget) on a
+    worker: each resizes the run without a failure."""
     book = training(cluster, ns, request)
 
     since = time.time()
@@ -116,6 +129,15 @@ def test_kubectl_scale_and_a_drain_of_a_torchrun_worker_are_planned_changes(
     assert {r for _, r in drained.starts} == {0}, f"planned changes used restarts: {drained}"
     wait_for(lambda: cluster.pods(ns, "tr", "worker") == ["tr-worker-0", "tr-worker-1"], 30)
     assert cluster.phase(ns, "tr") == "Running"
+
+    since = time.time()
+    cluster.disrupt(ns, "tr-worker-1")  # the pod goes once it left the rendezvous
+    noticed = book.wait_at(1, since, 60)
+    continued(noticed, 1, since)
+    assert {r for _, r in noticed.starts} == {0}, f"a notice used restarts: {noticed}"
+    wait_for(lambda: cluster.pods(ns, "tr", "worker") == ["tr-worker-0"], 30, "the noticed gone")
+    cond = cluster.condition(ns, "tr", "WorkerPreempted") or {}
+    assert "DisruptionTarget" in str(cond.get("message")), cond
 
 
 def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
