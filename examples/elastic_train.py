@@ -6,12 +6,20 @@ benchmarks read:
 
     STEP <n> size=<workers> loss=<batch loss> t=<unix time>
     DONE steps=<n> size=<workers> eval_before=<loss> eval_after=<loss> resets=<n>
+    RESUMED step=<n> from <path>
+
+With a checkpoint directory (the job's sharedVolume: CHECKPOINT_DIR, which the operator gives
+the launcher and horovodrun passes on), rank 0 saves the committed state there at each commit,
+and a fresh run (a resume, an eviction, a new launcher) goes on from it: at most one commit's
+steps are lost to a stop, as Horovod's own resets go back to the last commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -24,6 +32,7 @@ import torch._dynamo
 import torch.nn.functional as F
 
 FEATURES, CLASSES = 32, 4
+CHECKPOINT = "elastic_train.pt"
 
 
 def teacher_batch(gen: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +57,31 @@ def evaluate(model: torch.nn.Module) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
+def save(directory: str, state: hvd.elastic.TorchState) -> None:
+    """The committed state, atomically (a reader sees the old checkpoint or the new one)."""
+    os.makedirs(directory, exist_ok=True)
+    path, tmp = os.path.join(directory, CHECKPOINT), os.path.join(directory, f".{CHECKPOINT}")
+    saved = {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict()}
+    torch.save({**saved, "step": state.step, "eval_before": state.eval_before}, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load(directory: str, state: hvd.elastic.TorchState) -> None:
+    """The last save, if any, as the state to train on from (and to reset to)."""
+    path = os.path.join(directory, CHECKPOINT)
+    if not directory or not os.path.exists(path):
+        return
+    saved: dict[str, Any] = torch.load(path, weights_only=True)
+    state.model.load_state_dict(saved["model"])
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.step, state.eval_before = saved["step"], saved["eval_before"]
+    state.save()
+    if hvd.rank() == 0:
+        print(f"RESUMED step={state.step} from {path}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -55,6 +89,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.02, help="per-worker learning rate")
     p.add_argument("--commit-every", type=int, default=5)
     p.add_argument("--step-sleep", type=float, default=0.0, help="simulated extra compute")
+    p.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR", ""))
     args = p.parse_args()
 
     hvd.init()
@@ -79,6 +114,7 @@ def main() -> None:
         state.resets += 1
 
     state.register_reset_callbacks([on_reset])
+    load(args.checkpoint_dir, state)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -98,6 +134,8 @@ def main() -> None:
                 )
             if state.step % args.commit_every == 0:
                 state.commit()
+                if hvd.rank() == 0 and args.checkpoint_dir:
+                    save(args.checkpoint_dir, state)
             time.sleep(args.step_sleep)
 
     train(state)

@@ -56,6 +56,7 @@ def example_steps() -> int:
 
 STEP = re.compile(r"STEP (\d+) size=(\d+) loss=([\d.]+) t=([\d.]+)")
 DONE = re.compile(r"DONE steps=(\d+) size=(\d+) eval_before=([\d.]+) eval_after=([\d.]+)")
+RESUMED = re.compile(r"RESUMED step=(\d+)")
 
 
 @dataclass
@@ -65,12 +66,14 @@ class Training:
     read_log: Callable[[], str]
     steps: list[tuple[int, int, float, float]] = field(default_factory=list)
     done: tuple[int, int, float, float] | None = None
+    resumed: int | None = None  # the step a fresh run resumed from (the last RESUMED line)
 
     def read(self) -> Training:
         text = self.read_log()
         self.steps = [(int(a), int(b), float(c), float(d)) for a, b, c, d in STEP.findall(text)]
         m = DONE.search(text)
         self.done = (int(m[1]), int(m[2]), float(m[3]), float(m[4])) if m else None
+        self.resumed = next((int(r) for r in reversed(RESUMED.findall(text))), None)
         return self
 
     def first_step_at(self, size: int, after: float) -> float | None:

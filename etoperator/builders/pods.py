@@ -4,6 +4,7 @@ mutated (templates are deep-copied) and nothing is read from globals or the cloc
 from __future__ import annotations
 
 import copy
+import os
 import shlex
 from typing import Any
 
@@ -217,6 +218,30 @@ def launcher_pod(
     )
     pod["metadata"].setdefault("annotations", {})[naming.ANN_RUN] = str(run)
     return pod
+
+
+NUM_PROC = ("-np", "--num-proc")
+
+
+def start_with(pod: dict[str, Any], slots: int) -> None:
+    """horovodrun's -np lowered to the slots the run starts with (never below its --min-np):
+    elastic horovodrun waits for -np slots before it starts, up to its --elastic-timeout
+    (600 s), then fails; a run that starts smaller (a resume after a ScaleIn, a partial
+    admission) would wait for workers that never come. Never raised: Horovod starts on every
+    slot listed anyway. A command inside a shell's string is the user's own."""
+    first = pod["spec"]["containers"][0]
+    command, args = list(first.get("command") or []), list(first.get("args") or [])
+    argv = command + args
+    if not argv or os.path.basename(str(argv[0])) != "horovodrun" or slots < 1:
+        return
+    values = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a in (*NUM_PROC, "--min-np")}
+    least = int(values["--min-np"]) if values.get("--min-np", "").isdigit() else 1
+    for i, a in enumerate(argv[:-1]):
+        if a in NUM_PROC and argv[i + 1].isdigit() and int(argv[i + 1]) > slots:
+            argv[i + 1] = str(max(slots, least))
+    first["command"], cut = argv[: len(command)], len(command)
+    if args or len(argv) > cut:
+        first["args"] = argv[cut:]
 
 
 def launcher_service_account(job_spec: JobSpec, template: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from etoperator import naming
 from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, torchrun
 from etoperator.builders.common import ANYWHERE, Owner, Placement
-from etoperator.builders.volumes import mount_shared
+from etoperator.builders.volumes import checkpoint_env, mount_shared
 
 
 class TrainingRuntime(Protocol):
@@ -32,7 +32,7 @@ class TrainingRuntime(Protocol):
 
     def launcher(
         self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
-        placement: Placement = ANYWHERE,
+        size: int, placement: Placement = ANYWHERE,
     ) -> list[dict[str, Any]]: ...  # fmt: skip
 
     def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]: ...
@@ -58,9 +58,11 @@ class Horovod:
 
     def launcher(
         self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
-        placement: Placement = ANYWHERE,
+        size: int, placement: Placement = ANYWHERE,
     ) -> list[dict[str, Any]]:  # fmt: skip
-        return [pods.launcher_pod(spec, owner, secret[0], secret[1], run, placement)]
+        pod = pods.launcher_pod(spec, owner, secret[0], secret[1], run, placement)
+        pods.start_with(pod, size * spec.slots_per_worker)
+        return [checkpoint_env(spec, pod)]
 
     def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:
         return config.config_data(spec.name, spec.namespace, hosts, spec.slots_per_worker)
@@ -85,7 +87,7 @@ class Torchrun:
 
     def launcher(
         self, spec: JobSpec, owner: Owner, run: int, secret: tuple[str, frozenset[str]],
-        placement: Placement = ANYWHERE,
+        size: int, placement: Placement = ANYWHERE,
     ) -> list[dict[str, Any]]:  # fmt: skip
         account = pods.launcher_service_account(spec, spec.launcher.template)
         return [

@@ -48,7 +48,16 @@ def mount_shared(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
         *mounts,
         {"name": naming.SHARED_VOLUME, "mountPath": spec.shared.mount_path},
     ]
-    env = first.setdefault("env", [])
+    return checkpoint_env(spec, pod)
+
+
+def checkpoint_env(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
+    """CHECKPOINT_DIR, the claim's path in the workers, in the first container (the template's
+    own value stays). Also a Horovod launcher's: horovodrun starts the ranks over SSH with
+    its own environment, not the worker container's."""
+    if spec.shared is None:
+        return pod
+    env = pod["spec"]["containers"][0].setdefault("env", [])
     if not any(e.get("name") == naming.CHECKPOINT_ENV for e in env):
         env.append({"name": naming.CHECKPOINT_ENV, "value": spec.shared.mount_path})
     return pod

@@ -195,8 +195,9 @@ class Draft:
         self.scale_ended()
 
     def follow_members(self, members: int) -> None:
-        worker = self.spec.worker
-        wanted = max(members, worker.min_replicas)
+        worker, gang = self.spec.worker, self.spec.gang
+        # Never below what the spec check refuses (a refused edit would hold the whole job).
+        wanted = max(members, worker.min_replicas, gang.min_available if gang else 0)
         if worker.max_replicas is not None:
             wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
         if wanted == worker.replicas:

@@ -100,7 +100,7 @@ def drop_lost(
     broken: list[str] = []
     for name in list(m.members):
         member = d.workers.get(name)
-        if not (member.gone_bad if member else name in m.hosts):
+        if not (member.gone_bad if member else name in m.hosts) or agent_done(d, member):
             continue
         m = m.without(name)
         if member is not None and not member.draining:
@@ -119,6 +119,12 @@ def drop_lost(
                 return None
             m = m.adding(*replaced)
     return m, broken
+
+
+def agent_done(d: Draft, pod: PodView | None) -> bool:
+    """A torchrun worker whose agent exited 0: the run's work is done (torch's exit barrier
+    passed), and the run ends with its launcher; no loss, no smaller job."""
+    return d.spec.torchrun and pod is not None and pod.phase == "Succeeded"
 
 
 def replace_lost(d: Draft, name: str, member: PodView | None, launched: bool) -> list[str] | None:

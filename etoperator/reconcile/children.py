@@ -387,9 +387,9 @@ class Children:
             return []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         secret, items = self._pod_secret(spec, True)
-        run = plan.status.restart_count or 0
+        run, size = plan.status.restart_count or 0, len(plan.status.hosts)  # size: its start
         where = plan.placement.get(LAUNCHER_SET, ANYWHERE)
-        made = runtimes.of(spec).launcher(spec, owner, run, (secret, items), where)
+        made = runtimes.of(spec).launcher(spec, owner, run, (secret, items), size, where)
         return [p for obj in made for p in self.create_child(obs, obj)]
 
     def _pod_secret(self, spec: JobSpec, building: bool) -> tuple[str, frozenset[str]]:

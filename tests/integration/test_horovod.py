@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from localcluster.manifests import IMAGE, job, scalein, scaleout
+from etoperator import naming
+from localcluster.manifests import IMAGE, SHARED, job, scalein, scaleout
 from localcluster.tour import Training, own_lines
 from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
@@ -173,8 +174,12 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
     """`kubectl drain` of a worker while it trains: it leaves the host list while its training
     process still runs (its preStop hook holds it until Horovod lets go), Horovod shrinks at
     its next reset, and training goes on at the smaller size without a step lost or repeated.
-    Its node drained, the worker had been killed 0.4 s in, before it left the list."""
-    cluster.create(horovod_job("drained", 3, steps=1_000_000, minReplicas=1), ns)
+    Its node drained, the worker had been killed 0.4 s in, before it left the list. Then the
+    job is suspended and resumed: its fresh run goes on from the last commit saved on the
+    job's shared volume, not from step 0."""
+    body = horovod_job("drained", 3, steps=1_000_000, minReplicas=1)
+    body["spec"]["sharedVolume"] = dict(SHARED)
+    cluster.create(body, ns)
     tr = training(cluster, ns, "drained")
     wait_for(lambda: any(s[1] == 3 for s in tr.read().steps), 180, "training at size 3")
     victim = "drained-worker-2"
@@ -193,6 +198,29 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
     assert victim not in cluster.hosts(ns, "drained") and cluster.phase(ns, "drained") == "Running"
     notice = cluster.condition(ns, "drained", "WorkerPreempted") or {}
     assert "left the host list before being stopped" in str(notice.get("message")), notice
+
+    cluster.api.patch(naming.JOB_KIND, ns, "drained", {"spec": {"suspend": True}})
+    seen = [0]  # the last step seen, until the launcher's log goes with its pod
+
+    def stopped() -> bool:
+        seen.append(max((s for s, *_ in tr.read().steps), default=0))
+        return not cluster.pods(ns, "drained", live=False)
+
+    wait_for(stopped, 60, "every pod gone", 0.2)
+    t1 = time.time()
+    cluster.api.patch(naming.JOB_KIND, ns, "drained", {"spec": {"suspend": False}})
+    again = lambda: any(t >= t1 for *_, t in tr.read().steps)
+    try:
+        wait_for(again, 180, "training again after the resume", 0.5)
+    except Timeout:
+        print(cluster.pod_log(ns, "drained-launcher")[-3000:])
+        print(
+            cluster.kubectl("exec", "-n", ns, "drained-launcher", "--", "ps", "auxf", check=False)
+        )
+        raise
+    # At most a commit's steps (2) lost; the new run's first step follows the one saved.
+    assert tr.resumed is not None and tr.resumed >= max(seen) - 2, (tr.resumed, max(seen))
+    assert min(s for s, _, _, t in tr.steps if t >= t1) == tr.resumed + 1
 
 
 def resolves_from_launcher(cluster: Cluster, ns: str, job: str, name: str) -> bool:

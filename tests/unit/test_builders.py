@@ -6,6 +6,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from etoperator import naming
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.builders import config, pods, rbac, ssh
@@ -210,3 +212,51 @@ def test_workers_on_the_node_s_network_claim_the_ssh_port() -> None:
             "containers"
         ][0]
     )
+
+
+def test_a_horovod_job_s_ranks_learn_where_the_shared_volume_is() -> None:
+    """horovodrun starts the ranks over SSH with the launcher's environment: the launcher
+    carries CHECKPOINT_DIR (the workers' mount path) though it mounts nothing."""
+    from etoperator.builders import runtimes
+
+    body = job("j", sharedVolume={"storage": "1Gi", "mountPath": "/ckpt"})
+    body["metadata"].update(namespace="ns", uid="uid-1")
+    s = parse_job(body)
+    (launcher,) = runtimes.of(s).launcher(s, OWNER, 0, ("j", ssh.OWN_KEYS), 2)
+    first = launcher["spec"]["containers"][0]
+    assert {"name": naming.CHECKPOINT_ENV, "value": "/ckpt"} in first["env"]
+    assert not any(v.get("persistentVolumeClaim") for v in launcher["spec"].get("volumes", []))
+    worker = runtimes.of(s).worker_pod(s, OWNER, 0, 0, ("j", ssh.OWN_KEYS))
+    assert {"name": naming.CHECKPOINT_ENV, "value": "/ckpt"} in worker["spec"]["containers"][0][
+        "env"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "size", "want"),
+    [
+        (["horovodrun", "-np", "3", "--min-np", "1", "python", "t.py"], 2, "-np 2 --min-np 1"),
+        (["/usr/bin/horovodrun", "--num-proc", "4", "x"], 1, "--num-proc 1 x"),
+        (["horovodrun", "-np", "2", "--min-np", "2", "x"], 1, "-np 2 --min-np 2"),  # not below min
+        (["horovodrun", "-np", "1", "x"], 3, "-np 1 x"),  # never raised: Horovod takes every slot
+        (["sh", "-c", "horovodrun -np 3 x"], 1, "horovodrun -np 3 x"),  # a shell's: not ours
+    ],
+)
+def test_a_horovod_run_starts_with_the_workers_it_has(
+    argv: list[str], size: int, want: str
+) -> None:
+    """Elastic horovodrun waits for -np slots before it starts (up to its --elastic-timeout,
+    600 s, then fails): a run that starts smaller than the launcher's -np (a resume after a
+    ScaleIn, a partial admission) must not wait for workers that never come."""
+    from etoperator.builders import runtimes
+
+    body = job("j", replicas=3, minReplicas=1)
+    body["metadata"].update(namespace="ns", uid="uid-1")
+    body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0].update(
+        command=argv[:1], args=argv[1:]
+    )
+    s = parse_job(body)
+    (launcher,) = runtimes.of(s).launcher(s, OWNER, 0, ("j", ssh.OWN_KEYS), size)
+    first = launcher["spec"]["containers"][0]
+    assert first["command"] == argv[:1]
+    assert want in " ".join(first["args"])

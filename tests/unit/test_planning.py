@@ -23,7 +23,7 @@ from etoperator.planning import (
 )
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.phases import MOVES
-from localcluster.manifests import job, scalein, scaleout
+from localcluster.manifests import job, scalein, scaleout, torchrun_job
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 
@@ -882,3 +882,40 @@ def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_runs_on() -> No
     fixed = plan_job(inp(jspec(), again.status, pods))
     assert fixed.status.phase == "Running" and cond_of(fixed.status, "Blocked")["status"] == "False"
     assert not fixed.create_workers and not fixed.delete_pods  # the same run goes on
+
+
+def test_a_lost_worker_never_edits_the_spec_below_its_gang() -> None:
+    """Not replaced, a lost worker lowers spec replicas to the members left, never below the
+    gang's minAvailable: the operator never writes a spec it would refuse (a refused edit
+    holds the job, its launcher's end included)."""
+    spec = jspec(replicas=2, workerRestartPolicy="Never", schedulingPolicy={"minAvailable": 2})
+    plan = plan_job(
+        inp(spec, running_status([0, 1]), [w(0), w(1, "Failed", exit_code=1), launcher()])
+    )
+    assert plan.hosts == ["j-worker-0"]
+    assert plan.spec_replicas is None and plan.status.accepted_replicas == 2
+
+
+def test_a_torchrun_worker_whose_agent_finished_is_no_loss() -> None:
+    """torchrun's agents exit 0 once the run's work is done (its exit barrier passed): the run
+    ends with its launcher, not with a WorkerLost and a smaller job."""
+    b = torchrun_job("j", 2, ["--steps", "5"])
+    b["metadata"].update(namespace="ns", uid="u")
+    spec = parse_job(b)
+    pods = [w(0, "Succeeded", exit_code=0), w(1), launcher()]
+    plan = plan_job(inp(spec, running_status([0, 1]), pods))
+    assert plan.hosts == ["j-worker-0", "j-worker-1"] and not plan.delete_pods
+    assert plan.spec_replicas is None
+    assert not [e for e in plan.events if e.reason == "WorkerLost"]
+    done = plan_job(
+        inp(
+            spec,
+            plan.status,
+            [
+                w(0, "Succeeded", exit_code=0),
+                w(1, "Succeeded", exit_code=0),
+                launcher("Succeeded", exit_code=0),
+            ],
+        )
+    )
+    assert done.status.phase == "Succeeded"

@@ -54,7 +54,7 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
 
 def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
     spec = parse_job(body())
-    made = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()))
+    made = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()), 2)
     service, pod = made
     assert service["kind"] == "Service" and service["metadata"]["name"] == "tr-launcher"
     argv = pod["spec"]["containers"][0]["command"]
@@ -145,7 +145,7 @@ def test_torchrun_as_it_is_gets_torchs_timeouts_no_hook_and_a_store_alone() -> N
     pod = runtimes.of(spec).worker_pod(spec, OWNER, 0, 0, ("tr", frozenset()))
     assert env_of(pod)["PET_RDZV_CONF"] == "is_host=false"  # torch's keep-alive and last call
     assert "lifecycle" not in pod["spec"]["containers"][0]
-    _, launcher = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()))
+    _, launcher = runtimes.of(spec).launcher(spec, OWNER, 0, ("tr", frozenset()), 2)
     assert launcher["spec"]["containers"][0]["command"][-1] == "-"
 
 
