@@ -13,7 +13,7 @@ clean:
 
 # The whole default suite: lint, types, and every test tier that runs on one machine, side by
 # side in JOBS processes (each tier's cluster waits more than it computes; see tests/conftest.py).
-JOBS ?= 3
+JOBS ?= 4
 test: lint
 	$(PY) -m pytest -q -n $(JOBS)
 

@@ -67,50 +67,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # What trains (the full chain's modules on one chain, the demo's own cluster, and the
 # integration tests that run horovodrun) is one group: on two cores, trainings side by side
 # starve each other past their timeouts (seen again with test_horovod.py beside the full chain).
-# The rest of the integration tier is two halves of about the same time (by a whole run's
-# durations, 1053 and 1243 s before test_operations.py went to half a), each with a cluster
-# of its own (test_rbac.py stays in half b: it reads its operator's every request in the
-# cluster's audit log, and half a's test_lifecycle.py runs operators with more rights); the
-# crash at every write is three tests, split
-# between them. The slow joiner's test trains, but mostly waits (its worker sleeps 40 s before
-# starting): it goes to half b. Half a takes a demo killed before its tour (it
-# trains nothing). test_horovod's two short trainings (across two nodes, a drain) went there
-# once: at the halves' priority they took twice as long, and beside the training process two
-# trainings at once slowed both past their bounds (a hand-over, a ScaleIn). test_torchrun.py's
-# trainings are light (a step every 0.1 s, two or three ranks): half a, which had room (by a
-# run's junit durations, half b 1020 s with it, half a 937 s with a slow cluster start of 357 s).
-# The training process had room (a run's junit sums, stop 57: half b 855 s, half a 781,
-# training 601): the crash at every write of a torchrun job's scale (112 s, it trains) and
-# test_gangs.py (43 s) went there.
+# The rest of the integration tier is three parts, each with a cluster of its own: four
+# processes (`JOBS=4`) took 12.7 min where three took 13.5-14 (stop 57, the same tree: the
+# suite waits more than it computes). Kept apart: test_rbac.py (b: it reads its operator's
+# every request in the cluster's audit log) and test_lifecycle.py (c: it runs operators with
+# more rights); the crash at every write is four tests over a, b and c; the slow joiner's test
+# trains, but mostly waits (its worker sleeps 40 s before starting): b. test_horovod's two
+# short trainings (across two nodes, a drain) went to a part once: at its priority they took
+# twice as long, and beside the training process two trainings at once slowed both past their
+# bounds. test_torchrun.py's trainings are light (a step every 0.1 s, two to four ranks).
 # Unit modules go anywhere.
-TRAINING = {
-    "tests/integration/test_horovod.py", "tests/integration/test_gangs.py",
-    "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_harmless",
-}  # fmt: skip
-INTEGRATION_HALF_A = {
-    "test_crash.py", "test_kueue.py", "test_leader.py", "test_lifecycle.py",
-    "test_operations.py", "test_torchrun.py",
-}  # fmt: skip
-TO_HALF_B = (
+TRAINING = {"tests/integration/test_horovod.py"}
+# By stop 57's junit sums, 500-590 s each.
+INTEGRATION = {
+    "a": {"test_torchrun.py", "test_crash.py", "test_kueue.py", "test_operations.py"},
+    "c": {"test_gangs.py", "test_lifecycle.py", "test_scaling.py", "test_robustness.py"},
+}  # the rest: b
+TO_PART = {
     "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_scale_is_harmless"
-    "[kubectl scale up and down]",
-    "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains_on",
-)
-TO_HALF_A = ("tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs",)
+    "[kubectl scale up and down]": "b",
+    "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_"
+    "harmless": "c",
+    "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains"
+    "_on": "b",
+    "tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs": "a",
+}
 
 
 def group_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    if nodeid in TO_HALF_B:
-        return "integration-b"
-    if nodeid in TO_HALF_A:
-        return "integration-a"
-    if path in TRAINING or nodeid in TRAINING or (len(parts) == 3 and parts[1] == "fullchain"):
+    if nodeid in TO_PART:
+        return "integration-" + TO_PART[nodeid]
+    if path in TRAINING or (len(parts) == 3 and parts[1] == "fullchain"):
         return "training"
     if len(parts) == 3 and parts[1] == "integration":
-        half_a = parts[2] in INTEGRATION_HALF_A
-        return "integration-" + ("a" if half_a else "b")
+        part = next((k for k, files in INTEGRATION.items() if parts[2] in files), "b")
+        return "integration-" + part
     return path
 
 
