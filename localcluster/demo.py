@@ -1,6 +1,7 @@
 """`make demo`: a local elastic-training cluster on this machine, and a tour of what it does.
 
     python -m localcluster.demo            # up, the tour, then keep running
+    python -m localcluster.demo --runtime Torchrun  # the tour of a Torchrun job instead
     python -m localcluster.demo --no-tour  # only bring the cluster up
     python -m localcluster.demo --down     # stop a demo running elsewhere
 
@@ -26,10 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from etoperator import kube
-from localcluster import procs
+from localcluster import procs, torchtour
 from localcluster.cluster import KubectlFailed, LocalCluster, clear_killed_runs
 from localcluster.controlplane import binaries
+from localcluster.torchlogs import Logbook
+from localcluster.torchtour import TorchrunTour
 from localcluster.tour import JOB, QueueTour, Tour, TourFailed
+from localcluster.world import World
 
 DEFAULT_DIR = Path("/tmp/etoperator-demo")
 
@@ -42,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", type=Path, help=f"where its state lives (default {DEFAULT_DIR})")
     p.add_argument("--api-port", type=int, default=6443, help="the apiserver's port")
     p.add_argument("--results", type=Path, help="write the tour's timings here (JSON)")
+    p.add_argument(
+        "--runtime", choices=("Horovod", "Torchrun"), default="Horovod",
+        help="the example job the tour runs: horovodrun's (examples/) or torchrun's "
+        "(examples/torchrun/)",
+    )  # fmt: skip
     return p
 
 
@@ -134,7 +143,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def tour(lc: LocalCluster, results: Path | None) -> None:
+def tour(lc: LocalCluster, results: Path | None, runtime: str = "Horovod") -> None:
     def kubectl(
         *args: str, check: bool = True, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
@@ -153,13 +162,20 @@ def tour(lc: LocalCluster, results: Path | None) -> None:
         except kube.ApiError:  # unanswered: the next poll asks again
             return {}
 
-    timings = Tour(
-        kubectl=kubectl,
-        launcher_log=lambda: lc.pod_log("default", f"{JOB}-launcher"),
-        kill_worker=lambda name: lc.kill_pod("default", name),
-        status=status,
-        show=True,
-    ).run()
+    if runtime == "Torchrun":
+        book = Logbook(World(lc, lc.kubeconfig, api), "default", torchtour.JOB)
+        try:
+            timings = TorchrunTour(kubectl, book, lambda n: lc.kill_pod("default", n), status).run()
+        finally:
+            book.done.set()
+    else:
+        timings = Tour(
+            kubectl=kubectl,
+            launcher_log=lambda: lc.pod_log("default", f"{JOB}-launcher"),
+            kill_worker=lambda name: lc.kill_pod("default", name),
+            status=status,
+            show=True,
+        ).run()
     print("\nShared clusters: jobs queued and admitted by Kueue (examples/kueue/)", flush=True)
     timings |= QueueTour(kubectl=kubectl, status=status).run()
     if results is not None:
@@ -211,7 +227,7 @@ def run(args: argparse.Namespace, lc: LocalCluster, stage: Stages, stop: threadi
     assert lc.cp is not None
     if not args.no_tour:
         try:
-            tour(lc, args.results)
+            tour(lc, args.results, args.runtime)
         except TourFailed as exc:
             print(f"demo: the tour failed: {exc}", file=sys.stderr)
             return 1

@@ -8,11 +8,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from etoperator import naming
-from localcluster.manifests import scalein, scaleout, torchrun_job
+from localcluster import torchtour
+from localcluster.manifests import scaleout, torchrun_job
 from localcluster.queues import MILLICPU, QuotaWatch, admitted_workers, make_queue
 from localcluster.torchlogs import Logbook, Seen
 from tests.harness import Cluster, wait_for
@@ -50,31 +52,34 @@ def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[
             print(f"--- {pod} ---\n{cluster.pod_log(ns, pod)[-4000:]}")
 
 
-def test_a_torchrun_job_scales_out_and_in_and_outlives_a_killed_worker(
-    cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
+def test_the_demo_s_torchrun_tour_scales_and_outlives_a_killed_worker(
+    cluster: Cluster, ns: str, request: pytest.FixtureRequest
 ) -> None:
-    book = training(cluster, ns, request)
+    """`make demo ARGS=--runtime=Torchrun`'s tour on the real nodes, examples/torchrun/ as a
+    user runs them: ScaleOut +2, ScaleIn by name, `kubectl scale` down, a killed worker; after
+    each rank 0 trains at the new size from its last checkpoint (at most --save-every steps
+    back), the planned changes used no restart and the kill exactly one."""
+    job = torchtour.JOB
 
-    since = time.time()
-    cluster.create(scaleout("out", "tr", 1, timeout=120), ns)
-    wait_for(lambda: cluster.phase(ns, "out", "ScaleOut") == "ScaleSucceeded", 150, "ScaleOut")
-    grown = book.wait_at(3, since, 60)
-    continued(grown, 3, since)
+    def kubectl(*args: str, check: bool = True, input: str | None = None) -> Any:
+        return cluster.kubectl(*args, "-n", ns, check=check, input=input)
 
-    since = time.time()
-    cluster.create(scalein("in", "tr", pod_names=["tr-worker-1"], timeout=60), ns)
-    wait_for(lambda: cluster.phase(ns, "in", "ScaleIn") == "ScaleSucceeded", 90, "ScaleIn")
-    shrunk = book.wait_at(2, since, 60)
-    continued(shrunk, 2, since)
-    assert {r for _, r in shrunk.starts} == {0}, f"planned changes used restarts: {shrunk}"
-    assert cluster.pods(ns, "tr", "worker") == ["tr-worker-0", "tr-worker-2"]
-
-    since = time.time()
-    cluster.kill(ns, "tr-worker-2")
-    alone = book.wait_at(1, since, 90)
-    continued(alone, 1, since)
-    assert max(r for _, r in alone.starts) == 1, f"a killed worker is one failure: {alone}"
-    assert cluster.phase(ns, "tr") == "Running"
+    book = Logbook(cluster, ns, job)
+    request.addfinalizer(book.done.set)
+    tour = torchtour.TorchrunTour(
+        kubectl, book, lambda pod: cluster.kill(ns, pod), lambda k, n: cluster.status(ns, n, k)
+    )
+    try:
+        timings = tour.run(to_the_end=False)
+    except AssertionError:  # what the job's pods said (rank 0's lines, torch's own)
+        for pod in cluster.pods(ns, job, live=False):
+            print(f"--- {pod} ---\n{cluster.pod_log(ns, pod)[-3000:]}")
+        raise
+    assert set(timings) == {"scale_out_+2", "scale_in_by_name", "kubectl_scale_2", "worker_killed"}
+    assert max(r for _, r in book.read().starts) == 1, "a killed worker is one failure"
+    assert cluster.phase(ns, job) == "Running"
+    alone = [f"{job}-worker-0"]
+    wait_for(lambda: cluster.pods(ns, job, "worker") == alone, 30, "the killed worker gone")
 
 
 def test_a_torchrun_job_that_ends_succeeds_and_its_run_ends_with_it(
