@@ -228,18 +228,23 @@ def start_with(pod: dict[str, Any], slots: int) -> None:
     elastic horovodrun waits for -np slots before it starts, up to its --elastic-timeout
     (600 s), then fails; a run that starts smaller (a resume after a ScaleIn, a partial
     admission) would wait for workers that never come. Never raised: Horovod starts on every
-    slot listed anyway. A command inside a shell's string is the user's own."""
+    slot listed anyway. Only horovodrun's own options (before the training command: a python
+    or a .py); a command inside a shell's string is the user's own."""
     first = pod["spec"]["containers"][0]
     command, args = list(first.get("command") or []), list(first.get("args") or [])
     argv = command + args
     if not argv or os.path.basename(str(argv[0])) != "horovodrun" or slots < 1:
         return
-    values = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a in (*NUM_PROC, "--min-np")}
+    ours = next((i for i, a in enumerate(argv) if "python" in a or a.endswith(".py")), len(argv))
+    opts = [part for a in argv[1:ours] for part in str(a).split("=", 1)]
+    values = dict(zip(opts, [*opts[1:], ""], strict=True))
     least = int(values["--min-np"]) if values.get("--min-np", "").isdigit() else 1
-    for i, a in enumerate(argv[:-1]):
-        if a in NUM_PROC and argv[i + 1].isdigit() and int(argv[i + 1]) > slots:
-            argv[i + 1] = str(max(slots, least))
-    first["command"], cut = argv[: len(command)], len(command)
+    for i, a in enumerate(opts[:-1]):
+        if a in NUM_PROC and opts[i + 1].isdigit() and int(opts[i + 1]) > slots:
+            opts[i + 1] = str(max(slots, least))
+    argv = [argv[0], *opts, *argv[ours:]]
+    cut = min(len(command), len(argv))
+    first["command"] = argv[:cut]
     if args or len(argv) > cut:
         first["args"] = argv[cut:]
 

@@ -240,6 +240,8 @@ def test_a_horovod_job_s_ranks_learn_where_the_shared_volume_is() -> None:
         (["horovodrun", "-np", "2", "--min-np", "2", "x"], 1, "-np 2 --min-np 2"),  # not below min
         (["horovodrun", "-np", "1", "x"], 3, "-np 1 x"),  # never raised: Horovod takes every slot
         (["sh", "-c", "horovodrun -np 3 x"], 1, "horovodrun -np 3 x"),  # a shell's: not ours
+        (["horovodrun", "--num-proc=4", "python3", "t.py", "-np", "9"], 2, "-np 9"),
+        (["horovodrun", "--num-proc=4", "python3", "t.py"], 2, "--num-proc 2 python3 t.py"),
     ],
 )
 def test_a_horovod_run_starts_with_the_workers_it_has(
