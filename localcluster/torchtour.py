@@ -117,7 +117,7 @@ class TorchrunTour:
         check(set(range(1, steps + 1)) <= {s for s, *_ in seen.steps}, "a step never taken")
         check(max(r for _, r in seen.starts) == 1, f"the kill is one restart: {seen.starts}")
         out = self.kubectl("get", "scaleout,scalein").stdout
-        rows = [line.split() for line in out.splitlines()[1:] if line.strip()]
+        rows = [r.split() for r in out.splitlines() if r.strip() and not r.startswith("NAME")]
         check(rows and all("ScaleSucceeded" in r for r in rows), out)
         self.say(f"job Succeeded: all {steps} steps taken, resumed from checkpoints")
 
