@@ -15,14 +15,17 @@ from typing import Any
 import yaml
 
 from localcluster.torchlogs import Logbook, Seen
-from localcluster.tour import ROOT, TRANSITION_TIMEOUT, TourFailed, check, wait_for
+from localcluster.tour import (
+    ROOT,
+    TRANSITION_TIMEOUT,
+    check,
+    scalers_succeeded,
+    wait_for,
+    wait_scaled,
+)  # fmt: skip
 
 JOB = "torchrun-training"
 EXAMPLES = ROOT / "examples" / "torchrun"
-
-
-def worker(i: int) -> str:
-    return f"{JOB}-worker-{i}"
 
 
 def example_arg(name: str) -> int:
@@ -47,12 +50,7 @@ class TorchrunTour:
     def scale(self, example: str) -> None:
         """Create the example scaler and wait for its success."""
         self.kubectl("create", "-f", str(EXAMPLES / example))
-        doc = yaml.safe_load((EXAMPLES / example).read_text())
-        kind, name = doc["kind"], doc["metadata"]["name"]
-        wait_for(
-            lambda: self.phase(kind, name) == "ScaleSucceeded",
-            120 * self.slow, f"{kind} {name} to succeed", interval=0.2,
-        )  # fmt: skip
+        wait_scaled(self.phase, EXAMPLES / example, 120 * self.slow)
 
     def transition(self, what: str, size: int, act: Callable[[], object]) -> float:
         """Run `act`; the time to rank 0's first step at `size`, which goes on from the last
@@ -116,10 +114,5 @@ class TorchrunTour:
         check(self.phase() == "Succeeded", f"job phase {self.phase()}")
         check(set(range(1, steps + 1)) <= {s for s, *_ in seen.steps}, "a step never taken")
         check(max(r for _, r in seen.starts) == 1, f"the kill is one restart: {seen.starts}")
-        out = self.kubectl("get", "scaleout,scalein").stdout
-        rows = [r.split() for r in out.splitlines() if r.strip() and not r.startswith("NAME")]
-        check(rows and all("ScaleSucceeded" in r for r in rows), out)
+        scalers_succeeded(self.kubectl)
         self.say(f"job Succeeded: all {steps} steps taken, resumed from checkpoints")
-
-
-__all__ = ["JOB", "TorchrunTour", "TourFailed"]

@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -178,16 +179,7 @@ class Tour:
     def scale(self, example: str) -> Callable[[], None]:
         """Create the example scaler; return a wait for it to report ScaleSucceeded."""
         self.create(example)
-        doc = yaml.safe_load((ROOT / "examples" / example).read_text())
-        kind, name = doc["kind"], doc["metadata"]["name"]
-
-        def settled() -> None:
-            wait_for(
-                lambda: self.phase(kind, name) == "ScaleSucceeded",
-                60 * self.slow, f"{kind} {name} to succeed", interval=0.2,
-            )  # fmt: skip
-
-        return settled
+        return partial(wait_scaled, self.phase, ROOT / "examples" / example, 60 * self.slow)
 
     def start(self) -> Training:
         """Create the example job; return once it trains on its 2 workers."""
@@ -258,11 +250,25 @@ class Tour:
         # What the launcher printed also reaches a user through the apiserver and the kubelet.
         logs = self.kubectl("logs", f"{JOB}-launcher").stdout
         check(f"DONE steps={steps}" in logs, logs[-2000:])
-        for kind in ("scaleout", "scalein"):
-            out = self.kubectl("get", kind).stdout
-            rows = [line.split() for line in out.splitlines()[1:]]
-            check(rows and all(r[1] == "ScaleSucceeded" for r in rows), out)
+        scalers_succeeded(self.kubectl)
         self.say(f"job Succeeded: {n} steps, eval loss {before:.4f} -> {after:.4f}")
+
+
+def wait_scaled(phase: Callable[[str, str], str], example: Path, timeout: float) -> None:
+    """Wait for the scaler of the `example` manifest to report ScaleSucceeded."""
+    doc = yaml.safe_load(example.read_text())
+    kind, name = doc["kind"], doc["metadata"]["name"]
+    wait_for(
+        lambda: phase(kind, name) == "ScaleSucceeded", timeout, f"{kind} {name} to succeed", 0.2
+    )
+
+
+def scalers_succeeded(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """Every ScaleOut and ScaleIn there is, as `kubectl get` shows them, ScaleSucceeded."""
+    for kind in ("scaleout", "scalein"):
+        out = kubectl("get", kind).stdout
+        rows = [line.split() for line in out.splitlines()[1:]]
+        check(rows and all(r[1] == "ScaleSucceeded" for r in rows), out)
 
 
 QUEUES = ROOT / "examples" / "kueue"
