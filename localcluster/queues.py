@@ -19,6 +19,7 @@ from localcluster.world import World
 
 MILLICPU = 100  # each pod's request, unless a test says otherwise
 KUEUE = "kueue.x-k8s.io/v1beta2"
+SLICE_NAME = "kueue.x-k8s.io/workload-slice-name"  # a Workload family's name, as Kueue reads it
 
 
 def queued_job(
@@ -87,12 +88,29 @@ def live_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any
 
 
 def admitted_workers(cluster: World, ns: str, job_name: str) -> int:
-    total = 0
+    """The workers Kueue admits the job now: its core's and its surplus's (each family's
+    largest admission: a slice and what it replaces may both show one for a moment)."""
+    families: dict[str, int] = {}
     for w in live_workloads(cluster, ns, job_name):
+        family = (w["metadata"].get("annotations") or {}).get(SLICE_NAME, "")
         for psa in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
             if psa["name"] == "worker":
-                total = max(total, int(psa.get("count") or 0))
-    return total
+                families[family] = max(families.get(family, 0), int(psa.get("count") or 0))
+    return sum(families.values())
+
+
+def core_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any]]:
+    """The job's live Workloads but its surplus (the launcher's and minReplicas workers')."""
+    return [w for w in live_workloads(cluster, ns, job_name) if not is_surplus(w)]
+
+
+def is_surplus(w: dict[str, Any]) -> bool:
+    """Of the job's surplus family (its slice name ends so: docs/kueue.md)."""
+    return str((w["metadata"].get("annotations") or {}).get(SLICE_NAME, "")).endswith("-surplus")
+
+
+def surplus_workloads(cluster: World, ns: str, job_name: str) -> list[dict[str, Any]]:
+    return [w for w in live_workloads(cluster, ns, job_name) if is_surplus(w)]
 
 
 def millicpu(quantity: object) -> int:

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from etoperator import naming
 from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, torchrun
+from etoperator.builders import workload as wl
 from etoperator.builders.common import ANYWHERE, Owner, Placement
 from etoperator.builders.volumes import checkpoint_env, mount_shared
 
@@ -108,3 +109,15 @@ RUNTIMES: dict[str, TrainingRuntime] = {"Horovod": Horovod(), "Torchrun": Torchr
 
 def of(spec: JobSpec | None) -> TrainingRuntime:
     return RUNTIMES["Torchrun" if spec is not None and spec.torchrun else "Horovod"]
+
+
+def worker(
+    spec: JobSpec, owner: Owner, index: int, run: int, secret: tuple[str, frozenset[str]],
+    placement: dict[str, Placement], surplus: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """A worker's pod placed as the admission it runs under says: one made under a queued
+    job's surplus by the surplus's flavors, and labelled so (what Kueue takes back first)."""
+    where = placement.get(wl.WORKER_SET, ANYWHERE)
+    if surplus:
+        where = placement.get(wl.SURPLUS_SET, where)
+    return wl.admitted_under(of(spec).worker_pod(spec, owner, index, run, secret, where), surplus)

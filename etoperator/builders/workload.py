@@ -15,6 +15,9 @@ WORKER_SET = "worker"
 ELASTIC = "kueue.x-k8s.io/elastic-job"
 SLICE_NAME = "kueue.x-k8s.io/workload-slice-name"
 REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
+SURPLUS = "-surplus"  # the surplus family's slice name: the core's with this suffix
+SURPLUS_SET = "surplus"  # the placement key of workers made under the surplus's admission
+LABEL_SURPLUS = f"{naming.ANN_PREFIX}/surplus"  # on those workers' pods
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,32 @@ def pod_set_template(template: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def admitted_under(pod: dict[str, Any], surplus: bool) -> dict[str, Any]:
+    """A worker's pod, labelled when it runs under the surplus's admission (what Kueue takes
+    back first)."""
+    if surplus:
+        pod["metadata"].setdefault("labels", {})[LABEL_SURPLUS] = "true"
+    return pod
+
+
+def core_workers(job_spec: JobSpec) -> int:
+    """The workers a queued job cannot run without: minReplicas, a gang job's never below its
+    gang (fewer would hold quota for a gang the scheduler can never place)."""
+    least = job_spec.worker.min_replicas
+    if job_spec.gang is not None:
+        least = max(least, job_spec.gang.min_available)
+    return min(least, job_spec.worker.replicas)
+
+
+def is_surplus(body: dict[str, Any]) -> bool:
+    """A Workload of the job's surplus family."""
+    return str((body["metadata"].get("annotations") or {}).get(SLICE_NAME, "")).endswith(SURPLUS)
+
+
+def surplus_name(job_spec: JobSpec) -> str:
+    return naming.workload_name(job_spec.name, job_spec.uid) + SURPLUS
+
+
 def workload(
     job_spec: JobSpec,
     owner: Owner,
@@ -41,34 +70,32 @@ def workload(
     workers: int,
     priority: Priority | None = None,
     replacing: str | None = None,
+    surplus: bool = False,
 ) -> dict[str, Any]:
-    """The Workload `name` asking for the launcher and `workers` workers: down to minReplicas
-    for a first admission (partial admission), all of them for a slice that grows the job
-    (`replacing`: the Workload it replaces once admitted)."""
+    """The Workload `name`: the core (the launcher and `workers` workers) or, `surplus`, the
+    workers above it only, one priority lower (what a preemption takes first), each worker
+    admitted on its own (minCount 1) unless it grows the job for a scaler (`replacing`: the
+    Workload it replaces once admitted, or "": a new surplus asked whole)."""
     worker_set: dict[str, Any] = {
         "name": WORKER_SET,
         "count": workers,
         "template": pod_set_template(job_spec.worker.template),
     }
-    # Partial admission down to minReplicas; a gang job's never below its gang (fewer workers
-    # would hold quota for a gang the scheduler can never place).
-    least = job_spec.worker.min_replicas
-    if job_spec.gang is not None:
-        least = max(least, job_spec.gang.min_available)
+    least = 1 if surplus else core_workers(job_spec)
     if replacing is None and least < workers:
         worker_set["minCount"] = least
+    launcher = {
+        "name": LAUNCHER_SET,
+        "count": 1,
+        "template": pod_set_template(job_spec.launcher.template),
+    }
     spec: dict[str, Any] = {
         "queueName": job_spec.queue,
-        "podSets": [
-            {
-                "name": LAUNCHER_SET,
-                "count": 1,
-                "template": pod_set_template(job_spec.launcher.template),
-            },
-            worker_set,
-        ],
+        "podSets": [worker_set] if surplus else [launcher, worker_set],
     }
-    if priority is not None:
+    if surplus:  # no class: its value would be written over the lower one
+        spec["priority"] = (priority.value if priority is not None else 0) - 1
+    elif priority is not None:
         spec["priorityClassRef"] = {
             "group": naming.KUEUE_GROUP,
             "kind": "WorkloadPriorityClass",
@@ -76,8 +103,8 @@ def workload(
         }
         spec["priority"] = priority.value
     base = naming.workload_name(job_spec.name, job_spec.uid)
-    annotations = {ELASTIC: "true", SLICE_NAME: base}
-    if replacing is not None:
+    annotations = {ELASTIC: "true", SLICE_NAME: base + (SURPLUS if surplus else "")}
+    if replacing:
         annotations[REPLACES] = f"{job_spec.namespace}/{replacing}"
     labels = {**naming.job_labels(job_spec.name), naming.KUEUE_JOB_UID: job_spec.uid}
     return {

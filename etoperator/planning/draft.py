@@ -136,7 +136,7 @@ class Draft:
         """Workers a new run starts with: spec replicas, or as many as Kueue admitted."""
         q = self.inp.queue
         if q is not None and q.admitted and not q.evicted:
-            return min(q.admitted_workers, self.spec.worker.replicas)
+            return min(q.room, self.spec.worker.replicas)
         return self.spec.worker.replicas
 
     def set_members(self, m: Members, publish: bool = True) -> None:

@@ -11,7 +11,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.statuses import JobStatus
 from etoperator.clock import iso
-from etoperator.planning import gangs, queueing
+from etoperator.planning import gangs, queueing, surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
@@ -200,6 +200,7 @@ def complete_plan(d: Draft) -> Plan:
         held = {naming.worker_index(job_spec.name, m) for m in queueing.held_by_quota(d)}
         creating = sorted(set(d.plan.create_workers) & wanted - held)
         d.plan.create_workers = queueing.within_admission(d, creating)
+        d.plan.surplus_workers = surplus.surplus_made(d, d.plan.create_workers)
         keep = {
             p.name
             for p in d.workers.values()

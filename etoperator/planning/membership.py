@@ -7,6 +7,7 @@ from __future__ import annotations
 from etoperator import naming
 from etoperator import status as st
 from etoperator.builders import runtimes
+from etoperator.planning import surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
 from etoperator.planning.rules import replaces, workers
@@ -29,11 +30,13 @@ def advance_run(d: Draft) -> None:
     launcher = drop_old_run(d, start, launched)
     newcomers = set(active.planned) if active and active.kind == naming.SCALEOUT_KIND else set()
     victims = set(active.planned) if active and active.kind == naming.SCALEIN_KIND else set()
+    m, taken = drop_reclaimed(d, m, newcomers)
     lost = drop_lost(d, m, newcomers, victims, launched)
     if lost is None:
         return  # the job failed
     shrunk = len(lost[0].members) < len(m.members)  # a lost worker not replaced
     m, broken = lost
+    broken += taken
     prune(d, m, start, victims)
     if active is not None and active.kind == naming.SCALEOUT_KIND:
         m = drive_scale_out(d, active, m, broken)
@@ -90,6 +93,16 @@ def drop_old_run(d: Draft, start: int, launched: bool) -> PodView | None:
         d.come_back("the launcher of an earlier run goes")
         return None
     return launcher
+
+
+def drop_reclaimed(d: Draft, m: Members, newcomers: set[str]) -> tuple[Members, list[str]]:
+    """Workers whose quota Kueue took back leave the host list at once, not replaced: the
+    job's size asked stays (it grows back when the queue admits them again). Their pods go
+    once Horovod has left them (prune); a ScaleOut's new worker among them fails it."""
+    gone = [n for n in m.members if (w := d.workers.get(n)) is not None and w.reclaimed]
+    if gone:
+        surplus.say_reclaimed(d, gone)
+    return m.without(*gone), [n for n in gone if n in newcomers]
 
 
 def drop_lost(

@@ -10,9 +10,18 @@ import hashlib
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job
 from etoperator.planning.rules import workers
+from etoperator.planning.surplus import (
+    ask_more,
+    drop_surplus,
+    give_back,
+    grows,
+    live_workers,
+    release_reclaimed,
+)
 from etoperator.planning.views import QueueView, ScalerView
 from etoperator.status import Event
 
@@ -22,12 +31,19 @@ UNMADE_RETRY = 5.0  # seconds between tries to make a Workload Kueue's webhook r
 
 
 def hold_for_queue(d: Draft) -> bool:
-    """True when the queue holds the job this pass (no pod of it may run); False: the run
-    goes on, its pods placed as the admission says."""
+    """True when the queue holds the job this pass (no pod of it may run; its surplus goes
+    once they are gone); False: the run goes on, its pods placed as the admission says."""
     q = d.inp.queue
     if q is None:
         return False
-    d.plan.delete_workloads += list(q.strays)
+    held = hold(d, q)
+    if held:
+        drop_surplus(d, q)
+    return held
+
+
+def hold(d: Draft, q: QueueView) -> bool:
+    d.plan.delete_workloads += list(q.strays) + list(q.surplus.strays if q.surplus else ())
     if not q.served:
         why = (
             f"labelled {naming.LABEL_QUEUE}={q.queue}, but this cluster serves no Kueue API "
@@ -43,14 +59,14 @@ def hold_for_queue(d: Draft) -> bool:
     if not q.workload and d.run_goes_on():
         if not was_admitted(d):
             return queued_while_running(d, q)
-        d.plan.make_workload = d.spec.worker.replicas
+        d.plan.make_workload = wl.core_workers(d.spec)
         why = (
             "its Workload was deleted while it ran: no admission holds its pods, so it stops "
             "and queues again with a new one (as Kueue's own integrations do)"
         )
         return wait(d, "WorkloadDeleted", why, warn=True)
     if not q.workload:
-        d.plan.make_workload = d.spec.worker.replicas
+        d.plan.make_workload = wl.core_workers(d.spec)
         if q.unmade:
             d.plan.requeue = min(d.plan.requeue, UNMADE_RETRY)
             why = f"its Workload could not be made (is Kueue running?): {q.unmade}"
@@ -143,14 +159,23 @@ def admit(d: Draft, q: QueueView) -> None:
     d.start_fresh_run()
     message = say_admitted(d, q)
     d.plan.events.append(Event("Normal", "Admitted", message))
+    if q.surplus is None and d.spec.worker.replicas > q.workers:
+        d.plan.make_surplus = d.spec.worker.replicas - q.workers
 
 
 def say_admitted(d: Draft, q: QueueView) -> str:
     """The Queued condition (False, Admitted) with the size Kueue admits now (kept current as
     the job grows and shrinks through its admission, without an event each time)."""
     asked = d.spec.worker.replicas
-    message = f"admitted by ClusterQueue {q.cluster_queue}: {workers(q.admitted_workers)}"
-    if q.admitted_workers < asked:
+    message = f"admitted by ClusterQueue {q.cluster_queue}: {workers(q.room)}"
+    s = q.surplus
+    if s is not None and s.evicted:
+        message += (
+            f" of {asked} asked (Kueue took back the quota above the core, {s.evicted}: "
+            "the job trains on without those workers, and grows back when the queue admits "
+            "them again)"
+        )
+    elif q.room < asked:
         message += f" of {asked} asked (partial admission: the rest when the queue admits it)"
     if q.cluster_queue:  # empty while a slice takes over from the Workload it replaces
         d.set_cond(QUEUED, "False", "Admitted", message, event=False)
@@ -160,8 +185,8 @@ def say_admitted(d: Draft, q: QueueView) -> str:
 def follow_spec(d: Draft, q: QueueView) -> None:
     """`kubectl scale` of a queued job: its Workload asks for the new size."""
     replicas = d.spec.worker.replicas
-    if replicas != q.workers and not q.reserved:
-        d.plan.resize_workload = replicas
+    if wl.core_workers(d.spec) != q.workers and not q.reserved:
+        d.plan.resize_workload = wl.core_workers(d.spec)
     d.accept_replicas(replicas)
 
 
@@ -174,6 +199,7 @@ def suspended(d: Draft) -> None:
     if q.active:
         d.plan.activate_workload = False
     release(d, q)
+    drop_surplus(d, q)
 
 
 def finished(d: Draft) -> None:
@@ -184,6 +210,8 @@ def finished(d: Draft) -> None:
         return
     if q.growing:
         d.plan.delete_workloads.append(q.growing)
+    if q.surplus is not None and not going_pods(d):
+        drop_surplus(d, q)
     if not q.finished:
         if going_pods(d):
             # Kueue frees the quota at Finished: not while a pod it counted still runs.
@@ -205,8 +233,13 @@ def slice_name(d: Draft, sc: ScalerView) -> str:
 
 
 def admits(q: QueueView, workers: int) -> bool:
-    """Kueue has admitted this many workers: the current Workload, or a slice replacing it."""
-    return q.admitted_workers >= workers or (q.growing_admitted and q.growing_workers >= workers)
+    """Kueue has admitted this many workers: the core, the surplus, a slice replacing one."""
+    return q.room >= workers
+
+
+def growing_why(q: QueueView) -> str:
+    s = q.surplus
+    return (s.growing_why or s.why if s is not None else "") or q.growing_why
 
 
 def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
@@ -218,19 +251,25 @@ def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:
     wanted = len(d.status.members)
     if admits(q, wanted):
         return None
-    return f"waiting for queue {q.queue} to admit {workers(wanted)}: {q.growing_why or 'queued'}"
+    return f"waiting for queue {q.queue} to admit {workers(wanted)}: {growing_why(q) or 'queued'}"
 
 
 def ask_to_grow(d: Draft, sc: ScalerView) -> None:
-    """The slice that grows the Workload to the ScaleOut's size (one a pass asked for before
-    stays; another is replaced)."""
+    """The surplus the ScaleOut's size needs: a slice replacing the surplus, or a new surplus
+    asked whole where there is none (one a pass asked for before stays; another is
+    replaced)."""
     q = d.inp.queue
     assert q is not None
-    name = slice_name(d, sc)
-    if q.growing != name:
-        if q.growing:
-            d.plan.delete_workloads.append(q.growing)  # a slice no scale waits for
-        d.plan.make_slice = (name, len(d.status.members))
+    name, s = slice_name(d, sc), q.surplus
+    need = len(d.status.members) - q.workers
+    if need <= 0 or (s is not None and name in (s.workload, s.growing)):
+        return
+    if s is None:
+        d.plan.make_slice = (name, need, "")
+        return
+    if s.growing:
+        d.plan.delete_workloads.append(s.growing)  # a slice no scale waits for
+    d.plan.make_slice = (name, need, s.workload)
 
 
 def held_by_quota(d: Draft) -> set[str]:
@@ -247,10 +286,11 @@ def held_by_quota(d: Draft) -> set[str]:
 
 def settle(d: Draft) -> None:
     """After a running job's pass, with no scale running: PodsReady once it runs; workers added
-    up to spec replicas as far as Kueue has admitted (after a partial admission), a slice asked
-    for the rest; the Workload's count lowered once the job wants fewer workers than it holds
-    (after a ScaleIn, or a scale rolled back after its slice was admitted): quota back at
-    once. A slice nothing waits for is removed."""
+    up to spec replicas as far as Kueue has admitted, the surplus asked for the rest; the
+    surplus (then the core) lowered once the job wants fewer workers than they ask for (after
+    a ScaleIn, or a scale rolled back after its slice was admitted): quota back at once; a
+    surplus Kueue took back given back once its workers are gone. A slice nothing waits for
+    is removed."""
     q = d.inp.queue
     if q is None or not q.admitted or d.phase not in (st.RUNNING, st.SCALING):
         return
@@ -259,36 +299,22 @@ def settle(d: Draft) -> None:
         d.plan.workload_conditions.append(
             ("PodsReady", "True", "PodsReady", "the launcher runs and its workers are ready")
         )
+    release_reclaimed(d, q)
     active = d.active_scaler()
     wanted_slice = slice_name(d, active) if active is not None else ""
     if not d.status.current_scaler:
         # What the job wants after this pass (a scale rolled back gives its size back).
         wanted = d.status.accepted_replicas or d.spec.worker.replicas
         size = len(d.status.members)
-        if size < min(wanted, q.admitted_workers):
-            grow(d, min(wanted, q.admitted_workers) - size)
+        if size < min(wanted, q.room):
+            grow(d, min(wanted, q.room) - size)
         elif size < wanted:
-            wanted_slice = f"{naming.workload_name(d.spec.name, d.spec.uid)}-grow-{wanted}"
-            if q.growing != wanted_slice:
-                d.plan.make_slice = (wanted_slice, wanted)
-        elif wanted < q.workers and not q.growing:
-            shrink(d, max(wanted, d.spec.worker.min_replicas))
-    if q.growing and q.growing != wanted_slice:
-        d.plan.delete_workloads.append(q.growing)
-
-
-def shrink(d: Draft, count: int) -> None:
-    """The Workload asks for `count` workers (Kueue frees the rest at once): only once no more
-    worker pods than that are left, a victim being deleted included (it runs until gone)."""
-    if live_workers(d) > count:
-        d.come_back("workers removed are going (their quota is given back after)")
-    else:
-        d.plan.resize_workload = count
-
-
-def live_workers(d: Draft) -> int:
-    """Worker pods that hold their node's resources: all but those that ended."""
-    return sum(1 for p in d.workers.values() if p.phase not in ("Succeeded", "Failed"))
+            wanted_slice = ask_more(d, q, wanted)
+        elif wanted < q.asked and not grows(q):
+            give_back(d, q, wanted)
+    for family in (q, q.surplus):
+        if family is not None and family.growing and family.growing != wanted_slice:
+            d.plan.delete_workloads.append(family.growing)
 
 
 def going_pods(d: Draft) -> bool:
@@ -306,8 +332,7 @@ def within_admission(d: Draft, creating: list[int]) -> list[int]:
     q = d.inp.queue
     if q is None or not q.served:
         return creating
-    room = max(q.admitted_workers, q.growing_workers if q.growing_admitted else 0)
-    allowed = max(room - live_workers(d), 0)
+    allowed = max(q.room - live_workers(d), 0)
     if len(creating) > allowed:
         d.come_back("new workers wait for room in the admission (pods still going)")
     return creating[:allowed]

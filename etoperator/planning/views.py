@@ -34,6 +34,10 @@ class PodView:
     peers: frozenset[str] | None = None
     waiting: str = ""  # why a pod that is not running cannot run (its own words), if it says
     bound: bool = False  # the scheduler has placed it on a node
+    surplus: bool = False  # a queued job's worker made under its surplus admission
+    # Kueue took back the admission it runs under (the surplus's): it leaves as a ScaleIn
+    # victim does, is not replaced, and the job's size asked stays (it grows back).
+    reclaimed: bool = False
 
     @property
     def draining(self) -> bool:
@@ -105,6 +109,22 @@ class QueueView:
     # The current Workload was finished by Kueue for a slice that is gone (one deleted as
     # Kueue admitted it, or made by someone else): the job lost its admission, it did not end.
     replaced: bool = False
+    # The surplus Workload family (workers above the core, at a lower priority: what a
+    # preemption takes first); None when the job has none.
+    surplus: QueueView | None = None
+
+    @property
+    def room(self) -> int:
+        """Workers Kueue holds quota for now: the core's (or its admitted slice's) and the
+        surplus's (0 while evicted)."""
+        own = max(self.admitted_workers, self.growing_workers if self.growing_admitted else 0)
+        return own + (self.surplus.room if self.surplus is not None else 0)
+
+    @property
+    def asked(self) -> int:
+        """Workers the job's Workloads ask for (a surplus Kueue finished asks for none)."""
+        s = self.surplus
+        return self.workers + (s.workers if s is not None and not s.finished else 0)
 
 
 @dataclass(frozen=True)
@@ -185,7 +205,12 @@ class Plan:
     # new worker count and spec.active, conditions to set on it, and whether its admission is
     # given back (after an eviction, once no pod is left).
     make_workload: int | None = None
-    make_slice: tuple[str, int] | None = None
+    # (name, workers, the Workload it replaces: "" for a new surplus with no minCount)
+    make_slice: tuple[str, int, str] | None = None
+    make_surplus: int | None = None  # the surplus Workload's workers (minCount 1)
+    resize_surplus: int | None = None
+    release_surplus: str = ""  # the surplus's eviction reason, when its admission is given back
+    surplus_workers: list[int] = field(default_factory=list)  # of create_workers
     delete_workloads: list[str] = field(default_factory=list)
     resize_workload: int | None = None
     activate_workload: bool | None = None

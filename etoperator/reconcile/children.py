@@ -18,7 +18,7 @@ from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, runtimes, scalers, ssh, volumes
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
-from etoperator.builders.workload import LAUNCHER_SET, WORKER_SET
+from etoperator.builders.workload import LAUNCHER_SET
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
@@ -361,16 +361,16 @@ class Children:
             and (windex := naming.worker_index(name, svc_name)) is not None
         ]
         secret, items = self._pod_secret(spec, bool(indices))
-        where = plan.placement.get(WORKER_SET, ANYWHERE)
         if spec.shared is not None and workers_wanted(name, indices, unseen):
             claim = volumes.shared_claim(spec, owner)
             problems = self.create_child(obs, claim)  # made once; each run resumes from it
             if problems:
                 return Acted(problems=problems)
         run = plan.status.restart_count or 0
-        runtime = runtimes.of(spec)
         workers = [
-            runtime.worker_pod(spec, owner, i, run, (secret, items), where)
+            runtimes.worker(
+                spec, owner, i, run, (secret, items), plan.placement, i in plan.surplus_workers
+            )
             for i in indices
             if ("Pod", naming.worker_name(name, i)) not in unseen
         ]

@@ -201,8 +201,8 @@ class JobReconciler:
         basics, have = self.children.basics_seen(obs) if obs.spec is not None else ([], None)
         held = basics + acted.held
         with metrics.pass_step(took, "views"):
-            scalers = self.observer.scaler_views(obs)
-            pods = self.observer.pod_views(obs, scalers)
+            scalers, queue = self.observer.scaler_views(obs), self.queues.view(obs)
+            pods = self.observer.pod_views(obs, scalers, queue)
         gang = self.gangs.view(obs, obs.spec) if obs.spec is not None else None
         if gang is not None and gang.conflict:
             held = [*held, gang.conflict]
@@ -225,7 +225,7 @@ class JobReconciler:
             squatted=tuple(acted.squatted),
             public_key=self.keys.public.get(jid),
             refusal_over=jid not in self._refused,
-            queue=self.queues.view(obs, obs.spec) if obs.spec is not None else None,
+            queue=queue,
             gang=gang,
             launcher_said=self.observer.launcher_said(obs, scalers),
         )

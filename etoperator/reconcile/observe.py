@@ -24,11 +24,14 @@ from etoperator.api.models import (
 )
 from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, runtimes, ssh
+from etoperator.builders import workload as wl
 from etoperator.builders.common import is_controlled_by
 from etoperator.cache import Observed
 from etoperator.clock import parse_iso, utcnow
 from etoperator.kube import Kube
-from etoperator.planning import PodView, ScalerView
+from etoperator.planning import PodView, ScalerView, surplus
+from etoperator.planning.views import QueueView
+from etoperator.reconcile.launcherlog import words_about
 from etoperator.reconcile.state import Keys, job_id
 from etoperator.sshcheck import (
     HorovodOn,
@@ -109,6 +112,7 @@ def classify(
                 waiting=_waiting(pst) or _unscheduled(p, now),
                 ip=str(pst.get("podIP") or ""),
                 bound=bool((p.get("spec") or {}).get("nodeName")),
+                surplus=worker and wl.LABEL_SURPLUS in (meta.get("labels") or {}),
             )
         )
     return views
@@ -132,33 +136,6 @@ def borrowed_identity(spec: JobSpec, own_account: str) -> str | None:
                 "with the operator's identity"
             )
     return None
-
-
-def words_about(log: str, names: list[str], most: int = 3, width: int = 240) -> list[str]:
-    """Pure: the last `most` distinct lines of `log` naming one of `names` (as a whole word:
-    worker-1 is not worker-10), each cut to `width` characters."""
-    found: list[str] = []
-    for line in reversed(log.splitlines()):
-        text = line.strip()
-        if text and any(named(text, n) for n in names) and text[:width] not in found:
-            found.append(text[:width])
-        if len(found) == most:
-            break
-    return found[::-1]
-
-
-def named(text: str, name: str) -> bool:
-    at = text.find(name)
-    while at >= 0:
-        end = at + len(name)
-        if (at == 0 or not _word(text[at - 1])) and (end == len(text) or not _word(text[end])):
-            return True
-        at = text.find(name, at + 1)
-    return False
-
-
-def _word(c: str) -> bool:
-    return c.isalnum() or c in "-_"
 
 
 def _waiting(pst: dict[str, Any]) -> str:
@@ -321,12 +298,16 @@ class Observer:
                 return None
         return self.keys.parsed[filed]
 
-    def pod_views(self, obs: Observed, scalers: list[ScalerView]) -> list[PodView]:
+    def pod_views(
+        self, obs: Observed, scalers: list[ScalerView], queue: QueueView | None = None
+    ) -> list[PodView]:
         """Pods as the planner sees them, with SSH readiness and drain checks filled in (a
-        running scale's pods, of `scalers`, probed as it needs)."""
+        running scale's pods, of `scalers`, probed as it needs; workers whose quota Kueue
+        took back, of `queue`, leave as victims do)."""
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes(), self.wall())
+        views = surplus.reclaimed_views(views, queue)
         scale = running_scale(status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None

@@ -77,6 +77,15 @@ def order(bodies: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict
     return [b for b in ranked if not is_true(b, "Finished")], done
 
 
+def families(
+    bodies: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The current Workload of the core family and of the surplus family (None: none)."""
+    core = order([b for b in bodies if not wl.is_surplus(b)])[0]
+    extra = order([b for b in bodies if wl.is_surplus(b)])[0]
+    return (core[0] if core else None), (extra[0] if extra else None)
+
+
 def job_id(spec: JobSpec) -> str:
     return state.job_id(spec.namespace, spec.name, spec.uid)
 
@@ -115,10 +124,28 @@ def handed_over(current: dict[str, Any], done: list[dict[str, Any]], now: dateti
     return 0
 
 
+def grows(q: QueueView) -> str:
+    """The slice growing the job, of either family ("" when none)."""
+    return q.growing or (q.surplus.growing if q.surplus is not None else "")
+
+
 def read_queue(
     queue: str, namespace: str, bodies: list[dict[str, Any]], now: datetime
 ) -> QueueView:
-    """Pure: the job's Workloads as the planner sees them (placement aside)."""
+    """Pure: the job's Workloads as the planner sees them (placement aside): the core family,
+    with the surplus family (wl.is_surplus) read the same way beside it."""
+    core = read_family(queue, namespace, [b for b in bodies if not wl.is_surplus(b)], now)
+    extra = [b for b in bodies if wl.is_surplus(b)]
+    if not extra:
+        return core
+    surplus = read_family(queue, namespace, extra, now)
+    return dataclasses.replace(core, surplus=surplus if surplus.workload else None)
+
+
+def read_family(
+    queue: str, namespace: str, bodies: list[dict[str, Any]], now: datetime
+) -> QueueView:
+    """One family: its current Workload (the oldest not finished), a slice replacing it."""
     live, done = order(bodies)
     current = live[0] if live else (done[-1] if done else None)
     if current is None:
@@ -177,9 +204,10 @@ class Queues:
         for key in [k for k in self._unmade if k.startswith(prefix)]:
             self._unmade.pop(key)
 
-    def view(self, obs: Observed, spec: JobSpec) -> QueueView | None:
+    def view(self, obs: Observed) -> QueueView | None:
         """The job's Workloads as the planner sees them; None when it is not queued."""
-        if not spec.queue:
+        spec = obs.spec
+        if spec is None or not spec.queue:
             return None
         if not obs.workloads and not self.served():
             return QueueView(queue=spec.queue, served=False)
@@ -187,12 +215,19 @@ class Queues:
             return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
         view = read_queue(spec.queue, spec.namespace, obs.workloads, self.clock())
         unmade = self._unmade.get(f"{job_id(spec)}/slice")
-        if unmade and not view.growing:  # why a ScaleOut's slice could not be made
+        if unmade and not grows(view):  # why a ScaleOut's slice could not be made
             view = dataclasses.replace(view, growing_why=unmade)
         if not view.admitted_workers or view.evicted:
             return view
-        current = order(obs.workloads)[0][0]
-        return dataclasses.replace(view, placement=self.placement(current))
+        core = [b for b in obs.workloads if not wl.is_surplus(b)]
+        placement = self.placement(order(core)[0][0])
+        extra = order([b for b in obs.workloads if wl.is_surplus(b)])[0]
+        if extra and view.surplus is not None and view.surplus.admitted_workers:
+            # Its workers are placed by the surplus's own flavors.
+            where = self.placement(extra[0]).get(wl.WORKER_SET)
+            if where is not None:
+                placement[wl.SURPLUS_SET] = where
+        return dataclasses.replace(view, placement=placement)
 
     def placement(self, body: dict[str, Any]) -> dict[str, Placement]:
         """Each admitted pod set's node labels and tolerations, from its flavors."""
@@ -232,29 +267,39 @@ class Queues:
             return []
         problems: list[str] = []
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
-        base = naming.workload_name(spec.name, spec.uid)
         by_name = {b["metadata"]["name"]: b for b in obs.workloads}
         for name in plan.delete_workloads:  # first: a slice replaced by another goes
             uid = (by_name.get(name) or {}).get("metadata", {}).get("uid")
             if self.kube.delete(naming.WORKLOAD_KIND, spec.namespace, name, uid):
                 log.info("Deleted Workload namespace=%s name=%s", spec.namespace, name)
         if plan.make_workload is not None:
+            base = naming.workload_name(spec.name, spec.uid)
             problems += self.make(spec, owner, base, plan.make_workload, None)
+        if plan.make_surplus is not None:
+            name = wl.surplus_name(spec)
+            problems += self.make(spec, owner, name, plan.make_surplus, None, surplus=True)
         if plan.make_slice is not None:
-            current = next(iter(order(obs.workloads)[0]), None)
-            if current is not None:
-                name, workers = plan.make_slice
-                problems += self.make(spec, owner, name, workers, current["metadata"]["name"])
-        current = next(iter(order(obs.workloads)[0]), None)
-        if current is not None:
-            self.update_current(current, plan)
+            name, workers, replacing = plan.make_slice
+            problems += self.make(spec, owner, name, workers, replacing, surplus=True)
+        core, extra = families(obs.workloads)
+        if core is not None and core["metadata"]["name"] not in plan.delete_workloads:
+            self.update(core, plan.resize_workload, plan.activate_workload,
+                        plan.workload_conditions, plan.release_admission)  # fmt: skip
+        if extra is not None and extra["metadata"]["name"] not in plan.delete_workloads:
+            self.update(extra, plan.resize_surplus, None, [], plan.release_surplus)
         return problems
 
     def make(
-        self, spec: JobSpec, owner: Owner, name: str, workers: int, replacing: str | None
+        self,
+        spec: JobSpec,
+        owner: Owner,
+        name: str,
+        workers: int,
+        replacing: str | None,
+        surplus: bool = False,
     ) -> list[str]:
         priority = None
-        key = job_id(spec) + ("/slice" if replacing else "")
+        key = job_id(spec) + ("/slice" if replacing is not None else "")
         if spec.priority_class:
             found = self.kube.get_cluster("WorkloadPriorityClass", spec.priority_class)
             if found is None:
@@ -267,7 +312,7 @@ class Queues:
                 self._unmade[key] = f"its Workload slice cannot be made: {why}"
                 return []
             priority = wl.Priority(spec.priority_class, int(found.get("value") or 0))
-        body = wl.workload(spec, owner, name, workers, priority, replacing)
+        body = wl.workload(spec, owner, name, workers, priority, replacing, surplus)
         try:
             self.kube.create(body)
         except AlreadyExists:
@@ -284,45 +329,55 @@ class Queues:
         )  # fmt: skip
         return []
 
-    def update_current(self, body: dict[str, Any], plan: Plan) -> None:
-        """Count and activity (spec), then conditions and the admission (status)."""
+    def update(
+        self,
+        body: dict[str, Any],
+        resize: int | None,
+        activate: bool | None,
+        conditions: list[tuple[str, str, str, str]],
+        release: str,
+    ) -> None:
+        """A family's current Workload: count and activity (spec), then conditions and the
+        admission (status)."""
         meta = body["metadata"]
         ns, name, version = meta["namespace"], meta["name"], meta["resourceVersion"]
-        if plan.resize_workload is not None:
+        if resize is not None:
             index = next(
                 i for i, ps in enumerate(body["spec"]["podSets"]) if ps.get("name") == wl.WORKER_SET
             )
             # A count set is the same whatever came between (no precondition: a failed JSON
             # patch test is a 422, not a conflict to repeat the pass on).
             patch = [{"op": "replace", "path": f"/spec/podSets/{index}/count",
-                      "value": plan.resize_workload}]  # fmt: skip
+                      "value": resize}]  # fmt: skip
             got = self.kube.patch(naming.WORKLOAD_KIND, ns, name, patch, content_type=JSON_PATCH)
             version = got["metadata"]["resourceVersion"]
-        if plan.activate_workload is not None:
+        if activate is not None:
             change = {"metadata": {"resourceVersion": version},
-                      "spec": {"active": plan.activate_workload}}  # fmt: skip
+                      "spec": {"active": activate}}  # fmt: skip
             got = self.kube.patch(naming.WORKLOAD_KIND, ns, name, change)
             version = got["metadata"]["resourceVersion"]
-        status = self.new_status(body, plan)
+        status = self.new_status(body, conditions, release)
         if status is not None:
             change = {"metadata": {"resourceVersion": version}, "status": status}
             self.kube.patch(naming.WORKLOAD_KIND, ns, name, change, sub="status")
 
-    def new_status(self, body: dict[str, Any], plan: Plan) -> dict[str, Any] | None:
+    def new_status(
+        self, body: dict[str, Any], conditions: list[tuple[str, str, str, str]], release: str
+    ) -> dict[str, Any] | None:
         """The status change: conditions set, and for a release the admission cleared, with
         QuotaReserved and Admitted False and Requeued (True after a preemption or a node's
         failure, as Kueue's integrations do); None when nothing changes."""
         conds = list((body.get("status") or {}).get("conditions") or [])
         now = iso(self.clock())
         gen = body["metadata"].get("generation")
-        wanted = list(plan.workload_conditions)
-        if plan.release_admission:
-            message = "the job stopped: its pods are gone"
-            requeued = plan.release_admission in ("Preempted", "NodeFailures")
+        wanted = list(conditions)
+        if release:
+            message = "the pods it admitted are gone"
+            requeued = release in ("Preempted", "NodeFailures")
             wanted += [
                 ("QuotaReserved", "False", "Pending", message),
                 ("Admitted", "False", "NoReservation", "The workload has no reservation"),
-                ("Requeued", "True" if requeued else "False", plan.release_admission, message),
+                ("Requeued", "True" if requeued else "False", release, message),
             ]
         changed = False
         for ctype, status, reason, message in wanted:
@@ -331,7 +386,7 @@ class Queues:
         for c in conds:
             c.setdefault("observedGeneration", gen)
         out: dict[str, Any] = {"conditions": conds}
-        if plan.release_admission and (body.get("status") or {}).get("admission"):
+        if release and (body.get("status") or {}).get("admission"):
             out["admission"] = None
             changed = True
         return out if changed else None

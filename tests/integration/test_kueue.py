@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +20,8 @@ from localcluster.queues import (
     KUEUE,
     QuotaWatch,
     admitted_workers,
+    core_workloads,
+    is_surplus,
     live_workloads,
     make_queue,
     queued_job,
@@ -52,9 +55,9 @@ def test_a_job_waits_for_quota_and_runs_when_the_first_ends(cluster: Cluster, ns
     wait_for(says_why, 20, "second queued for quota")
     assert cluster.phase(ns, "second") == "Queued"
     assert cluster.pods(ns, "second", live=False) == []
-    # One Workload per job, owned by it, never its pods' label.
+    # One core Workload per job, owned by it, never its pods' label.
     for name in ("first", "second"):
-        (wl,) = live_workloads(cluster, ns, name)
+        (wl,) = core_workloads(cluster, ns, name)
         ref = wl["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["controller"]) == ("TrainingJob", name, True)
         uid = cluster.job(ns, name)["metadata"]["uid"]
@@ -81,7 +84,8 @@ def test_partial_admission_starts_small_and_grows_when_quota_frees(
     cluster.finish(ns, "holder-launcher", 0)
     wait_for(partial(running, cluster, ns, "elastic", 3), 60, "elastic grown to 3")
     assert admitted_workers(cluster, ns, "elastic") == 3
-    assert len(live_workloads(cluster, ns, "elastic")) == 1
+    # The core (the launcher, minReplicas workers) and the surplus that grew it.
+    assert sorted(is_surplus(w) for w in live_workloads(cluster, ns, "elastic")) == [False, True]
 
 
 def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns: str) -> None:
@@ -94,12 +98,12 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
     cluster.create(scaleout("a-more", "a", 1, timeout=8), ns)
     wait_for(
         lambda: "WaitingForQuota" in str(cluster.condition(ns, "a-more", "Scaling", "ScaleOut"))
-        and len(live_workloads(cluster, ns, "a")) == 2,  # the slice asks for 3 workers
+        and len(live_workloads(cluster, ns, "a")) == 3,  # core, surplus, its slice
         15, "waiting for quota, its slice made",
     )  # fmt: skip
     assert len(cluster.pods(ns, "a", role="worker")) == 2
     wait_for(lambda: cluster.phase(ns, "a-more", "ScaleOut") == "ScaleFailed", 20, "rolled back")
-    wait_for(lambda: len(live_workloads(cluster, ns, "a")) == 1, 15, "slice removed")
+    wait_for(lambda: len(live_workloads(cluster, ns, "a")) == 2, 15, "slice removed")
     assert running(cluster, ns, "a", 2)
     wait_for(lambda: cluster.job(ns, "a")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 2,
              10, "spec replicas back to 2")  # fmt: skip
@@ -123,18 +127,11 @@ def test_scale_out_waits_for_quota_then_grows_or_rolls_back(cluster: Cluster, ns
 
 def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, ns: str) -> None:
     make_queue(cluster, ns, pods=3, preempt=True)
-    for name, value in (("low", 10), ("high", 1000)):
-        body = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
-                "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
-    low = queued_job("low")
-    low["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"low-{ns}"
-    cluster.create(low, ns)
+    priorities(cluster, ns)
+    cluster.create(with_priority(queued_job("low"), ns, "low"), ns)
     wait_for(partial(running, cluster, ns, "low", 2), 60, "low running")
     first_pods = {cluster.obj("Pod", ns, p)["metadata"]["uid"] for p in cluster.pods(ns, "low")}
-    high = queued_job("high")
-    high["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
-    cluster.create(high, ns)
+    cluster.create(with_priority(queued_job("high"), ns, "high"), ns)
     wait_for(partial(running, cluster, ns, "high", 2), 60, "high running")
     assert cluster.pods(ns, "low") == [] and cluster.phase(ns, "low") == "Queued"
     assert "Preempted" in cluster.wait_event(ns, "low", "Evicted", "Warning")["message"]
@@ -149,6 +146,62 @@ def test_a_preempted_job_stops_is_requeued_and_finishes_once(cluster: Cluster, n
     # Finished is written after the job's own status, in the same pass (a crash between the two
     # must not read as Kueue ending the job).
     wait_for(lambda: live_workloads(cluster, ns, "low") == [], 30, "low's Workload finished")
+
+
+def priorities(cluster: Cluster, ns: str) -> None:
+    for name, value in (("low", 10), ("high", 1000)):
+        body = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+                "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+
+def with_priority(body: dict[str, Any], ns: str, level: str) -> dict[str, Any]:
+    body["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"{level}-{ns}"
+    return body
+
+
+def test_a_preemption_takes_the_surplus_the_job_trains_on_and_grows_back(
+    cluster: Cluster, ns: str
+) -> None:
+    """Shrink instead of evict: a job of 4 (min 2) fills its ClusterQueue; a higher-priority
+    job needs two pods' quota. Kueue takes the surplus only: its two workers leave the host
+    list and go, the job runs on at 2 with the same launcher (never out of Running), the
+    newcomer is admitted; once it ends the job grows back to 4. Quota as Kueue counts it is
+    sampled all along."""
+    cq = make_queue(cluster, ns, pods=5, preempt=True)
+    priorities(cluster, ns)
+    with QuotaWatch(cluster, ns, cq):
+        cluster.create(with_priority(queued_job("low", replicas=4, minReplicas=2), ns, "low"), ns)
+        wait_for(partial(running, cluster, ns, "low", 4), 90, "low running at 4")
+        launcher = cluster.obj("Pod", ns, "low-launcher")["metadata"]["uid"]
+        extra = {p for p in cluster.pods(ns, "low", role="worker") if surplus_pod(cluster, ns, p)}
+        assert len(extra) == 2, extra
+        seen: set[str | None] = set()
+
+        def shrunk() -> bool:
+            seen.add(cluster.phase(ns, "low"))
+            return running(cluster, ns, "high", 1) and running(cluster, ns, "low", 2)
+
+        cluster.create(with_priority(queued_job("high", replicas=1), ns, "high"), ns)
+        wait_for(shrunk, 90, "high admitted, low trains on at 2")
+        assert seen <= {"Running", "Scaling"}, seen
+        assert cluster.obj("Pod", ns, "low-launcher")["metadata"]["uid"] == launcher
+        assert cluster.status(ns, "low").get("restartCount") == 0
+        assert not extra & set(cluster.pods(ns, "low", live=False))  # the surplus's went
+        assert cluster.job(ns, "low")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 4
+        said = cluster.wait_event(ns, "low", "QuotaReclaimed", "Normal")["message"]
+        assert all(name in said for name in extra), said
+        message = str((cluster.condition(ns, "low", "Queued") or {}).get("message"))
+        assert "took back" in message, message
+        cluster.finish(ns, "high-launcher", 0)
+        wait_for(partial(running, cluster, ns, "low", 4), 90, "low grown back to 4")
+        assert cluster.obj("Pod", ns, "low-launcher")["metadata"]["uid"] == launcher
+    assert admitted_workers(cluster, ns, "low") == 4
+
+
+def surplus_pod(cluster: Cluster, ns: str, pod: str) -> bool:
+    labels = cluster.obj("Pod", ns, pod)["metadata"].get("labels") or {}
+    return labels.get("etoperator.kai.alibabacloud.com/surplus") == "true"
 
 
 def test_with_kueue_not_answering_a_queued_job_says_so_then_starts(
@@ -191,15 +244,18 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     """Through a job's life (admission, a ScaleOut through a slice, a ScaleIn, its end) the
     operator is SIGKILLed right after every Workload write it makes (made, PodsReady, a slice
     made, resized, finished), and a new one takes over each time: each step still ends with
-    one Workload per job, no slice left over, no pod beyond what Kueue admitted (sampled all
-    along), the Workload asking for what runs, and the ended job holding no quota."""
+    one core and at most one surplus Workload, no slice left over, no pod beyond what Kueue
+    admitted (sampled all along), the Workloads asking for what runs, and the ended job
+    holding no quota."""
     cq = make_queue(cluster, ns, pods=5)
 
     def consistent(workers: int) -> bool:
         live = live_workloads(cluster, ns, "cc")
-        if len(live) != 1 or not running(cluster, ns, "cc", workers):
+        families = sorted(is_surplus(w) for w in live)
+        if families not in ([False], [False, True]) or not running(cluster, ns, "cc", workers):
             return False
-        asked = next(ps["count"] for ps in live[0]["spec"]["podSets"] if ps["name"] == "worker")
+        sets = [ps for w in live for ps in w["spec"]["podSets"] if ps["name"] == "worker"]
+        asked = sum(ps["count"] for ps in sets)
         pods = cluster.pods(ns, "cc", role="worker")
         return asked == workers and len(pods) == workers <= admitted_workers(cluster, ns, "cc")
 

@@ -96,9 +96,9 @@ def test_a_deleted_waiting_scale_out_takes_its_slice_at_once(cluster: Cluster, n
         cluster.create(queued_job("full", maxReplicas=3), ns)
         wait_for(partial(running, cluster, ns, "full", 2), 60, "running")
         cluster.create(scaleout("more", "full", 1, timeout=300), ns)
-        wait_for(lambda: len(live_workloads(cluster, ns, "full")) == 2, 20, "its slice made")
+        wait_for(lambda: len(live_workloads(cluster, ns, "full")) == 3, 20, "its slice made")
         cluster.kubectl("delete", "scaleout", "more", "-n", ns, "--wait=false")
-        wait_for(lambda: len(live_workloads(cluster, ns, "full")) == 1, 2, "its slice gone")
+        wait_for(lambda: len(live_workloads(cluster, ns, "full")) == 2, 2, "its slice gone")
         wait_for(lambda: not cluster.status(ns, "full").get("currentScaler"), 2, "no scale")
         scaling = cluster.condition(ns, "full", "Scaling") or {}
         assert scaling.get("status") == "False", scaling

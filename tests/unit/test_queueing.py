@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.statuses import JobStatus
-from etoperator.planning import JobInput, PodView, plan_job
+from etoperator.planning import JobInput, PodView, plan_job, surplus
 from etoperator.planning.views import QueueView
 from localcluster.manifests import job, scaleout
 from tests.unit.test_planning import inp, jspec, launcher, running_status, scaler, w
@@ -39,9 +39,11 @@ def cond(status: JobStatus, ctype: str) -> dict[str, Any]:
     return next((c for c in status.conditions or [] if c["type"] == ctype), {})
 
 
-def test_a_new_queued_job_makes_its_workload_and_no_pod() -> None:
-    plan = plan_job(queued(qspec(replicas=3), {}, [], QueueView(queue="lq")))
-    assert plan.make_workload == 3
+def test_a_new_queued_job_makes_its_core_workload_and_no_pod() -> None:
+    """The core asks for the launcher and minReplicas workers; the rest is the surplus's,
+    asked for once the core is admitted."""
+    plan = plan_job(queued(qspec(replicas=3, minReplicas=2), {}, [], QueueView(queue="lq")))
+    assert plan.make_workload == 2 and plan.make_surplus is None
     assert plan.create_workers == [] and not plan.create_launcher
     assert plan.status.phase == "Queued"
     assert cond(plan.status, "Queued")["reason"] == "Queued"
@@ -49,24 +51,33 @@ def test_a_new_queued_job_makes_its_workload_and_no_pod() -> None:
 
 
 def test_admitted_the_run_starts_at_the_admitted_size_with_the_first_names() -> None:
-    status = plan_job(queued(qspec(replicas=3), {}, [], QueueView(queue="lq"))).status
-    q = dataclasses.replace(ADMITTED, workers=3, admitted_workers=2)
-    plan = plan_job(queued(qspec(replicas=3), status, [], q))
+    spec = qspec(replicas=3, minReplicas=2)
+    status = plan_job(queued(spec, {}, [], QueueView(queue="lq"))).status
+    plan = plan_job(queued(spec, status, [], ADMITTED))
     assert plan.create_workers == [0, 1]
     assert plan.spec_replicas is None  # spec keeps what was asked: the rest comes later
     assert cond(plan.status, "Queued")["reason"] == "Admitted"
     assert "2 workers of 3 asked" in cond(plan.status, "Queued")["message"]
+    assert plan.make_surplus == 1  # asked for at once, at a lower priority
+
+
+def extra(workers: int, admitted: int, **kw: Any) -> QueueView:
+    kw = {"workload": "wl-surplus", "reserved": admitted > 0, **kw}
+    return QueueView(
+        queue="lq", workers=workers, admitted=admitted > 0, admitted_workers=admitted, **kw
+    )
 
 
 def test_a_partly_admitted_job_asks_for_the_rest_and_grows_once_admitted() -> None:
     spec = qspec(replicas=3)
     status = running_status([0, 1], acceptedReplicas=3)
     pods = [w(0), w(1), launcher()]
-    q = dataclasses.replace(ADMITTED, workers=3, admitted_workers=2)
+    q = dataclasses.replace(ADMITTED, workers=1, admitted_workers=1, surplus=extra(2, 1))
     plan = plan_job(queued(spec, status, pods, q))
-    assert plan.make_slice is not None and plan.make_slice[1] == 3
+    # The surplus was admitted one worker of two: a slice of it asks for both.
+    assert plan.make_slice is not None and plan.make_slice[1:] == (2, "wl-surplus")
     assert plan.create_workers == []
-    grown = dataclasses.replace(q, workload=plan.make_slice[0], admitted_workers=3)
+    grown = dataclasses.replace(q, surplus=extra(2, 2))
     plan = plan_job(queued(spec, status, pods, grown))
     assert plan.create_workers == [2]
     assert plan.status.target_workers == ["j-worker-0", "j-worker-1", "j-worker-2"]
@@ -81,13 +92,17 @@ def test_a_scale_out_creates_no_worker_until_its_slice_is_admitted() -> None:
     assert start.create_workers == []  # held from the pass it starts in
     so = dataclasses.replace(so, status=start.scaler_status[so.kind_name])
     wait = plan_job(dataclasses.replace(queued(spec, start.status, pods, ADMITTED), scalers=[so]))
-    assert wait.make_slice is not None and wait.make_slice[1] == 3
+    # No surplus yet: a new one asks for the ScaleOut's worker whole (no minCount).
+    assert wait.make_slice is not None and wait.make_slice[1:] == (1, "")
     assert wait.create_workers == []
     sc = (wait.scaler_status.get(so.kind_name) or so.status).to_dict()
     assert "WaitingForQuota" in str(sc["conditions"])
-    admitted = dataclasses.replace(ADMITTED, workload=wait.make_slice[0], admitted_workers=3)
+    made = dataclasses.replace(ADMITTED, surplus=extra(1, 0, workload=wait.make_slice[0]))
+    again = plan_job(dataclasses.replace(queued(spec, start.status, pods, made), scalers=[so]))
+    assert again.make_slice is None and again.create_workers == []  # asked once
+    admitted = dataclasses.replace(made, surplus=extra(1, 1, workload=wait.make_slice[0]))
     go = plan_job(dataclasses.replace(queued(spec, start.status, pods, admitted), scalers=[so]))
-    assert go.create_workers == [2]
+    assert go.create_workers == [2] and go.surplus_workers == [2]
 
 
 def test_shrunk_below_what_it_holds_the_workload_gives_quota_back() -> None:
@@ -196,7 +211,7 @@ def test_a_running_job_whose_workload_was_deleted_says_so_and_queues_again() -> 
     status["conditions"].append(ADMITTED_COND)
     plan = plan_job(queued(qspec(replicas=2), status, [w(0), w(1), launcher()], QueueView("lq")))
     assert cond(plan.status, "Queued")["reason"] == "WorkloadDeleted"
-    assert plan.make_workload == 2 and plan.status.phase == "Queued"
+    assert plan.make_workload == 1 and plan.status.phase == "Queued"
 
 
 def test_a_job_taken_out_of_its_queue_starts_a_run() -> None:
@@ -231,3 +246,74 @@ def test_the_admitted_message_keeps_the_size_admitted_now() -> None:
     plan = plan_job(queued(spec, status, pods, q))
     assert cond(plan.status, "Queued")["message"] == "admitted by ClusterQueue cq: 3 workers"
     assert not [e for e in plan.events if e.reason == "Admitted"]  # kept current, no event
+
+
+PREEMPTED = {"evicted": "Preempted: a higher priority", "evicted_reason": "Preempted"}
+
+
+def reclaiming(views: list[PodView], q: QueueView) -> list[PodView]:
+    """The pods as the observer hands them on: those beyond Kueue's admission leaving."""
+    return surplus.reclaimed_views(views, q)
+
+
+def test_a_surplus_kueue_takes_back_leaves_gracefully_and_grows_back_when_readmitted() -> None:
+    """Shrink instead of evict: the surplus's workers leave the host list (not replaced, the
+    spec kept), go once Horovod has left them, the surplus's admission is given back once they
+    are gone, and the job grows back when Kueue admits it again."""
+    spec = qspec(replicas=4, minReplicas=2)
+    status = running_status([0, 1, 2, 3], acceptedReplicas=4)
+    core = dataclasses.replace(ADMITTED, workers=2, admitted_workers=2)
+    taken = dataclasses.replace(core, surplus=extra(2, 0, reserved=True, **PREEMPTED))
+    pods = [w(0), w(1), w(2, surplus=True), w(3, surplus=True), launcher()]
+    plan = plan_job(queued(spec, status, reclaiming(pods, taken), taken))
+    assert plan.status.target_workers == ["j-worker-0", "j-worker-1"]
+    assert plan.status.current_workers == ["j-worker-0", "j-worker-1"]
+    assert plan.hosts == ["j-worker-0", "j-worker-1"]
+    assert plan.delete_pods == [] and plan.create_workers == []  # Horovod is still on them
+    assert plan.spec_replicas is None and plan.status.phase == "Running"  # no restart
+    assert plan.release_surplus == ""
+    reasons = [e.reason for e in plan.events]
+    assert "QuotaReclaimed" in reasons and "WorkerLost" not in reasons
+    left = [w(0), w(1), w(2, surplus=True, busy=False), w(3, surplus=True, busy=False), launcher()]
+    drained = plan_job(queued(spec, plan.status, reclaiming(left, taken), taken))
+    assert sorted(drained.delete_pods) == ["j-worker-2", "j-worker-3"]
+    gone = plan_job(queued(spec, plan.status, [w(0), w(1), launcher()], taken))
+    assert gone.release_surplus == "Preempted" and gone.spec_replicas is None
+    back = dataclasses.replace(core, surplus=extra(2, 2))
+    grown = plan_job(queued(spec, gone.status, [w(0), w(1), launcher()], back))
+    assert grown.create_workers == [4, 5] and grown.surplus_workers == [4, 5]
+
+
+def test_the_surplus_s_workers_are_taken_back_first_then_the_newest() -> None:
+    q = dataclasses.replace(ADMITTED, workers=2, admitted_workers=2)
+    views = [w(0, surplus=True), w(1), w(2), w(3)]
+    assert surplus.reclaimed(views, q) == {"j-worker-0", "j-worker-3"}
+    going = [w(0, surplus=True, deleting=True), w(1), w(2), w(3)]
+    assert surplus.reclaimed(going, q) == {"j-worker-3"}  # one going already counts
+    assert surplus.reclaimed(views[:2], q) == set()
+    evicted = dataclasses.replace(q, **PREEMPTED)  # the whole job stops instead
+    assert surplus.reclaimed(views, evicted) == set()
+
+
+def test_a_scale_in_lowers_the_surplus_then_removes_it() -> None:
+    spec = qspec(replicas=3, minReplicas=2)
+    q = dataclasses.replace(ADMITTED, workers=2, surplus=extra(2, 2))
+    pods = [w(0), w(1), w(2), launcher()]
+    plan = plan_job(queued(spec, running_status([0, 1, 2], acceptedReplicas=3), pods, q))
+    assert plan.resize_surplus == 1 and plan.resize_workload is None
+    spec = qspec(replicas=2, minReplicas=2)
+    going = [w(0), w(1), dataclasses.replace(w(2), deleting=True), launcher()]
+    status = running_status([0, 1], acceptedReplicas=2)
+    assert "wl-surplus" not in plan_job(queued(spec, status, going, q)).delete_workloads
+    gone = plan_job(queued(spec, status, [w(0), w(1), launcher()], q))
+    assert gone.delete_workloads == ["wl-surplus"] and gone.resize_workload is None
+
+
+def test_a_job_evicted_whole_drops_its_surplus_once_its_pods_are_gone() -> None:
+    spec = qspec(replicas=3)
+    q = dataclasses.replace(ADMITTED, surplus=extra(1, 0), **PREEMPTED)
+    pods = [w(0), w(1), w(2), launcher()]
+    plan = plan_job(queued(spec, running_status([0, 1, 2]), pods, q))
+    assert plan.status.phase == "Queued" and plan.delete_workloads == []
+    later = plan_job(queued(spec, plan.status, [], q))
+    assert later.delete_workloads == ["wl-surplus"] and later.release_admission == "Preempted"

@@ -7,7 +7,7 @@ import dataclasses
 from datetime import timedelta
 
 from etoperator.planning import plan_job
-from etoperator.reconcile.observe import words_about
+from etoperator.reconcile.launcherlog import words_about
 from localcluster.manifests import scaleout
 from tests.unit.test_planning import NOW, inp, jspec, launcher, running_status, scaler, w
 from tests.unit.test_planning import horovod as hvd
