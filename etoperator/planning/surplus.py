@@ -22,8 +22,8 @@ def drop_surplus(d: Draft, q: QueueView) -> None:
     s = q.surplus
     if s is None:
         return
-    if d.inp.pods:
-        d.come_back("the pods of a stopped job are going (its surplus quota is freed after)")
+    if live_workers(d):
+        d.come_back("the workers of a stopped job are going (its surplus quota is freed after)")
         return
     d.plan.delete_workloads += [n for n in (s.workload, s.growing) if n]
 
