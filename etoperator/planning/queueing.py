@@ -238,8 +238,11 @@ def admits(q: QueueView, workers: int) -> bool:
 
 
 def growing_why(q: QueueView) -> str:
+    """Why the job's growth waits: its slice could not be made, or Kueue's words on it."""
     s = q.surplus
-    return (s.growing_why or s.why if s is not None else "") or q.growing_why
+    if q.growing_why or s is None:
+        return q.growing_why
+    return s.growing_why or ("" if s.admitted else s.why)
 
 
 def quota_to_grow(d: Draft, sc: ScalerView) -> str | None:

@@ -299,7 +299,8 @@ class Queues:
         surplus: bool = False,
     ) -> list[str]:
         priority = None
-        key = job_id(spec) + ("/slice" if replacing is not None else "")
+        apart = replacing is not None or surplus  # not the core: said on what waits for it
+        key = job_id(spec) + ("/slice" if apart else "")
         if spec.priority_class:
             found = self.kube.get_cluster("WorkloadPriorityClass", spec.priority_class)
             if found is None:
@@ -307,7 +308,7 @@ class Queues:
                     f"WorkloadPriorityClass {spec.priority_class} (label "
                     f"{naming.LABEL_KUEUE_PRIORITY}) does not exist"
                 )
-                if replacing is None:
+                if not apart:
                     return [f"{why}; the job is not queued"]
                 self._unmade[key] = f"its Workload slice cannot be made: {why}"
                 return []
@@ -318,7 +319,7 @@ class Queues:
         except AlreadyExists:
             return []  # made by an earlier pass whose answer was lost: the watch brings it
         except ApiError as exc:  # said by the job's next pass, which tries again
-            self._unmade[key] = str(exc) if replacing is None else f"not made: {exc}"
+            self._unmade[key] = f"not made: {exc}" if apart else str(exc)
             log.warning("Workload not made namespace=%s name=%s error=%s",
                         spec.namespace, name, exc)  # fmt: skip
             return []

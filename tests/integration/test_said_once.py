@@ -11,7 +11,7 @@ import yaml
 from etoperator import naming
 from localcluster.cluster import OPERATOR_NS, OPERATOR_SA
 from localcluster.manifests import job, scaleout
-from localcluster.queues import KUEUE, live_workloads, make_queue, queued_job
+from localcluster.queues import KUEUE, core_workloads, live_workloads, make_queue, queued_job
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running
 
@@ -89,7 +89,7 @@ def test_a_forged_slice_never_fails_a_running_job(cluster: Cluster, ns: str) -> 
     make_queue(cluster, ns, pods=6)
     cluster.create(queued_job("mark", maxReplicas=4), ns)
     wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2, 60, "mark running")
-    (real,) = live_workloads(cluster, ns, "mark")
+    (real,) = core_workloads(cluster, ns, "mark")
     spec = {k: v for k, v in real["spec"].items() if k != "active"}
     spec["podSets"] = [
         {**ps, "count": 3 if ps["name"] == "worker" else ps["count"]}
@@ -125,12 +125,12 @@ def test_a_forged_slice_never_fails_a_running_job(cluster: Cluster, ns: str) -> 
         time.sleep(0.2)  # the sampling period
     wait_for(lambda: len(cluster.hosts(ns, "mark")) == 2 and cluster.phase(ns, "mark")
              == "Running", 90, "mark running at 2 again")  # fmt: skip
-    assert len(live_workloads(cluster, ns, "mark")) == 1
+    assert len(core_workloads(cluster, ns, "mark")) == 1
 
 
 def forged_body(cluster: Cluster, ns: str, name: str) -> dict[str, object] | None:
-    """The forged Workload once it is the job's only live one (Kueue finished the real one)."""
-    live = live_workloads(cluster, ns, "mark")
+    """The forged Workload once it is the job's only live core (Kueue finished the real one)."""
+    live = core_workloads(cluster, ns, "mark")
     return live[0] if [w["metadata"]["name"] for w in live] == [f"{name}-forged"] else None
 
 
