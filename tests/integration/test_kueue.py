@@ -275,25 +275,79 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
         (partial(cluster.finish, ns, "cc-launcher", 0), ended),
     ]  # fmt: skip
     with QuotaWatch(cluster, ns, cq):  # sampled between and across every crash
-        crashes, crash = 0, arm()
-        for act, done in steps:
-            act()
-            deadline = time.monotonic() + 120
-            while not done():
-                assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
-                if crash.fired:  # a new process takes over, to be killed at its first write
-                    assert crash.killed.wait(30), "the operator was not killed"
-                    cluster.proxy.disarm()
-                    cluster.operator.start()
-                    crashes, crash = crashes + 1, arm()
-                time.sleep(0.05)
-        cluster.proxy.disarm()
-        if crash.fired:
-            assert crash.killed.wait(30)
-            cluster.operator.start()
+        crashes = crash_through(cluster, steps, arm)
     for sc, kind in (("cc-o", "ScaleOut"), ("cc-i", "ScaleIn")):
         assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
     assert crashes >= 5, f"only {crashes} Workload writes were crashed after"
+
+
+Step = tuple[Callable[[], object], Callable[[], bool]]
+
+
+def crash_through(cluster: Cluster, steps: list[Step], arm: Callable[[], Crash]) -> int:
+    """Each step's act, then its check polled until it holds, the operator SIGKILLed after
+    each write `arm` matches and a new one started: the number of crashes."""
+    crashes, crash = 0, arm()
+    for act, done in steps:
+        act()
+        deadline = time.monotonic() + 120
+        while not done():
+            assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
+            if crash.fired:  # a new process takes over, to be killed at its first write
+                assert crash.killed.wait(30), "the operator was not killed"
+                cluster.proxy.disarm()
+                cluster.operator.start()
+                crashes, crash = crashes + 1, arm()
+            time.sleep(0.05)
+    cluster.proxy.disarm()
+    if crash.fired:
+        assert crash.killed.wait(30)
+        cluster.operator.start()
+    return crashes
+
+
+@pytest.mark.faults
+def test_a_crash_at_every_write_of_a_shrink_and_its_growth_back_is_harmless(
+    cluster: Cluster, ns: str
+) -> None:
+    """The preemption above, with the operator SIGKILLed right after every write it makes
+    for the preempted job (its pods, status, host list, Workloads) and a new one taking over
+    each time: the shrink happens once (the core's workers and the launcher are never
+    touched, the job never leaves Running), no pod runs beyond Kueue's admission (sampled
+    all along), and the job grows back to 4."""
+    cq = make_queue(cluster, ns, pods=5, preempt=True)
+    priorities(cluster, ns)
+    cluster.create(with_priority(queued_job("low", replicas=4, minReplicas=2), ns, "low"), ns)
+    wait_for(partial(running, cluster, ns, "low", 4), 90, "low running at 4")
+    core = {p: uid(cluster, ns, p) for p in cluster.pods(ns, "low")
+            if not surplus_pod(cluster, ns, p)}  # fmt: skip
+    seen: set[str | None] = set()
+
+    def at(size: int) -> bool:
+        seen.add(cluster.phase(ns, "low"))
+        return running(cluster, ns, "low", size) and all(
+            uid(cluster, ns, p) == u for p, u in core.items()
+        )
+
+    def arm() -> Crash:
+        ours = lambda _m, path, _b: "/low" in path or "trainingjob-low" in path
+        return cluster.proxy.arm_crash(Crash(cluster.operator.kill, when=ours))
+
+    high = with_priority(queued_job("high", replicas=1), ns, "high")
+    steps: list[Step] = [
+        (partial(cluster.create, high, ns),
+         lambda: running(cluster, ns, "high", 1) and at(2)),
+        (partial(cluster.finish, ns, "high-launcher", 0), partial(at, 4)),
+    ]  # fmt: skip
+    with QuotaWatch(cluster, ns, cq):
+        crashes = crash_through(cluster, steps, arm)
+    assert seen <= {"Running", "Scaling"}, seen
+    assert cluster.status(ns, "low").get("restartCount") == 0
+    assert crashes >= 4, f"only {crashes} writes were crashed after"
+
+
+def uid(cluster: Cluster, ns: str, pod: str) -> str:
+    return str(cluster.obj("Pod", ns, pod)["metadata"]["uid"])
 
 
 def test_a_suspended_job_leaves_the_queue_and_queues_again_on_resume(
