@@ -9,9 +9,11 @@ import time
 from typing import Any
 
 import pytest
+import yaml
 
 from etoperator import naming
 from localcluster.manifests import IMAGE, SHARED, job, scalein, scaleout
+from localcluster.queues import KUEUE, MILLICPU, QuotaWatch, make_queue, queued_job
 from localcluster.tour import Training, own_lines
 from localcluster.world import Timeout
 from tests.harness import Cluster, wait_for
@@ -221,6 +223,46 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
     # At most a commit's steps (2) lost; the new run's first step follows the one saved.
     assert tr.resumed is not None and tr.resumed >= max(seen) - 2, (tr.resumed, max(seen))
     assert min(s for s, _, _, t in tr.steps if t >= t1) == tr.resumed + 1
+
+
+def test_a_preemption_under_kueue_shrinks_a_training_job_that_trains_on(
+    cluster: Cluster, ns: str
+) -> None:
+    """Shrink instead of evict, with real training: a Horovod job of 4 (min 2) fills its
+    ClusterQueue; a higher-priority job needs two pods' quota. Kueue takes the job's surplus
+    only: two workers leave the host list, Horovod shrinks at its next reset, and training
+    goes on at 2 from where it was (no step repeated, the same launcher, no restart); once the
+    newcomer ends the job grows back to 4 and trains on. Quota sampled all along."""
+    cq = make_queue(cluster, ns, pods=5, preempt=True)
+    for name, value in (("low", 10), ("high", 1000)):
+        wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+               "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+    body = horovod_job("elastic", 4, steps=1_000_000, minReplicas=2)
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq",
+                                  naming.LABEL_KUEUE_PRIORITY: f"low-{ns}"}  # fmt: skip
+    for role in body["spec"]["etReplicaSpecs"].values():
+        container = role["template"]["spec"]["containers"][0]
+        container["resources"] = {"requests": {"cpu": f"{MILLICPU}m"}}
+    high = queued_job("high", replicas=1)
+    high["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
+    with QuotaWatch(cluster, ns, cq):
+        cluster.create(body, ns)
+        tr = training(cluster, ns, "elastic")
+        wait_for(lambda: tr.first_step_at(4, 0), 240, "training at size 4", interval=0.5)
+        launcher = cluster.obj("Pod", ns, "elastic-launcher")["metadata"]["uid"]
+        t0 = time.time()
+        cluster.create(high, ns)
+        wait_for(lambda: tr.first_step_at(2, t0), 120, "training at size 2", interval=0.5)
+        wait_for(lambda: cluster.phase(ns, "high") == "Running", 60, "the newcomer running")
+        t1 = time.time()
+        cluster.finish(ns, "high-launcher", 0)
+        wait_for(lambda: tr.first_step_at(4, t1), 180, "training at 4 again", interval=0.5)
+    steps = [s for s, _, _, t in tr.read().steps if t >= t0]
+    assert steps == sorted(set(steps)), "a step was repeated: training rolled back"
+    assert cluster.obj("Pod", ns, "elastic-launcher")["metadata"]["uid"] == launcher
+    assert cluster.status(ns, "elastic").get("restartCount") == 0
+    assert cluster.phase(ns, "elastic") == "Running"
 
 
 def resolves_from_launcher(cluster: Cluster, ns: str, job: str, name: str) -> bool:
