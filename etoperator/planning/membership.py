@@ -165,7 +165,7 @@ def prune(d: Draft, m: Members, start: int, victims: set[str]) -> None:
             continue
         if pod.name in victims and not pod.gone_bad:
             continue
-        if pod.draining and pod.busy is not False:
+        if pod.draining and pod.busy is not False and not pod.overdue:
             d.come_back("a preempted worker still drains")
             continue
         d.delete(pod.name)

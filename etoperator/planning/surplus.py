@@ -8,12 +8,18 @@ surplus only."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 
 from etoperator import naming
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft
 from etoperator.planning.views import PodView, QueueView
 from etoperator.status import Event
+
+# Seconds the workers of a surplus Kueue took back may take to drain (Horovod leaving them at
+# its next reset, 1-5 s here) before they go regardless: the job that preempted them waits
+# until they are gone, and where no probe can tell (no SSH, no exec) they would wait for ever.
+RECLAIM_DRAIN = 30.0
 
 
 def drop_surplus(d: Draft, q: QueueView) -> None:
@@ -85,6 +91,9 @@ def release_reclaimed(d: Draft, q: QueueView) -> None:
         return
     if live_workers(d) > q.room:
         d.come_back("workers whose quota Kueue took back are leaving")
+        left = drain_left(q, d.inp.now)
+        if left is not None:
+            d.plan.requeue = min(d.plan.requeue, max(left, 0.5))
     else:
         d.plan.release_surplus = s.evicted_reason or "Evicted"
 
@@ -145,9 +154,9 @@ def live_workers(d: Draft) -> int:
     return sum(1 for p in d.workers.values() if p.phase not in ("Succeeded", "Failed"))
 
 
-def reclaim(views: list[PodView], names: set[str]) -> list[PodView]:
+def reclaim(views: list[PodView], names: set[str], overdue: bool) -> list[PodView]:
     return [
-        dataclasses.replace(v, leaving=v.leaving or RECLAIMED, reclaimed=True)
+        dataclasses.replace(v, leaving=v.leaving or RECLAIMED, reclaimed=True, overdue=overdue)
         if v.name in names
         else v
         for v in views
@@ -157,6 +166,15 @@ def reclaim(views: list[PodView], names: set[str]) -> list[PodView]:
 RECLAIMED = "Kueue took back the quota it runs under"
 
 
-def reclaimed_views(views: list[PodView], q: QueueView | None) -> list[PodView]:
-    """Pure: the pods as the planner sees them, those beyond Kueue's admission leaving."""
-    return reclaim(views, reclaimed(views, q))
+def reclaimed_views(views: list[PodView], q: QueueView | None, now: datetime) -> list[PodView]:
+    """Pure: the pods as the planner sees them, those beyond Kueue's admission leaving (and
+    going regardless once the surplus was taken back RECLAIM_DRAIN ago)."""
+    return reclaim(views, reclaimed(views, q), drain_left(q, now) == 0)
+
+
+def drain_left(q: QueueView | None, now: datetime) -> float | None:
+    """Seconds left for the taken-back surplus's workers to drain (None: no bound runs)."""
+    s = q.surplus if q is not None else None
+    if s is None or s.evicted_at is None:
+        return None
+    return max(RECLAIM_DRAIN - (now - s.evicted_at).total_seconds(), 0.0)

@@ -38,6 +38,7 @@ class PodView:
     # Kueue took back the admission it runs under (the surplus's): it leaves as a ScaleIn
     # victim does, is not replaced, and the job's size asked stays (it grows back).
     reclaimed: bool = False
+    overdue: bool = False  # reclaimed longer than its drain may take: it goes regardless
 
     @property
     def draining(self) -> bool:
@@ -94,6 +95,7 @@ class QueueView:
     cluster_queue: str = ""
     evicted: str = ""  # "<reason>: <message>" of Evicted, while True
     evicted_reason: str = ""
+    evicted_at: datetime | None = None  # when Evicted turned True
     finished: str = ""  # "<reason>: <message>" of Finished, when True
     pods_ready: bool = False  # PodsReady is True
     why: str = ""  # Kueue's words on why it waits (QuotaReserved's message)

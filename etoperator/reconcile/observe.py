@@ -307,7 +307,7 @@ class Observer:
         assert obs.spec is not None or obs.error
         status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes(), self.wall())
-        views = surplus.reclaimed_views(views, queue)
+        views = surplus.reclaimed_views(views, queue, self.wall())
         scale = running_scale(status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None

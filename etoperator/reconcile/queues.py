@@ -174,6 +174,9 @@ def read_family(
         ),
         evicted=said(current, "Evicted") if evicted else "",
         evicted_reason=str(cond(current, "Evicted").get("reason") or "") if evicted else "",
+        evicted_at=parse_iso(str(cond(current, "Evicted").get("lastTransitionTime") or ""))
+        if evicted
+        else None,
         finished=said(current, "Finished") if is_true(current, "Finished") else "",
         replaced=cond(current, "Finished").get("reason") == "WorkloadSliceReplaced"
         and not handover,

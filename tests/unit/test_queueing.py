@@ -4,6 +4,7 @@ growth only through an admitted slice, quota given back, evictions stopped and r
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import given
@@ -14,7 +15,7 @@ from etoperator.api.statuses import JobStatus
 from etoperator.planning import JobInput, PodView, plan_job, surplus
 from etoperator.planning.views import QueueView
 from localcluster.manifests import job, scaleout
-from tests.unit.test_planning import inp, jspec, launcher, running_status, scaler, w
+from tests.unit.test_planning import NOW, inp, jspec, launcher, running_status, scaler, w
 
 
 def qspec(**kw: Any) -> JobSpec:
@@ -253,7 +254,7 @@ PREEMPTED = {"evicted": "Preempted: a higher priority", "evicted_reason": "Preem
 
 def reclaiming(views: list[PodView], q: QueueView) -> list[PodView]:
     """The pods as the observer hands them on: those beyond Kueue's admission leaving."""
-    return surplus.reclaimed_views(views, q)
+    return surplus.reclaimed_views(views, q, NOW)
 
 
 def test_a_surplus_kueue_takes_back_leaves_gracefully_and_grows_back_when_readmitted() -> None:
@@ -317,3 +318,25 @@ def test_a_job_evicted_whole_drops_its_surplus_once_its_pods_are_gone() -> None:
     assert plan.status.phase == "Queued" and plan.delete_workloads == []
     later = plan_job(queued(spec, plan.status, [], q))
     assert later.delete_workloads == ["wl-surplus"] and later.release_admission == "Preempted"
+
+
+def test_a_reclaimed_worker_whose_drain_cannot_be_told_goes_at_the_bound() -> None:
+    """Where the operator cannot tell whether Horovod has left a worker (no answer over SSH or
+    exec), the worker waited for ever, and with it the job that preempted the surplus (Kueue
+    admits it only once the surplus's admission is given back)."""
+    spec = qspec(replicas=3, minReplicas=2)
+    status = running_status([0, 1], acceptedReplicas=3)
+    pods = [w(0), w(1), w(2, surplus=True), launcher()]
+
+    def taken(ago: float) -> QueueView:
+        at = NOW - timedelta(seconds=ago)
+        return dataclasses.replace(
+            ADMITTED, surplus=extra(1, 0, reserved=True, evicted_at=at, **PREEMPTED)
+        )
+
+    early = taken(surplus.RECLAIM_DRAIN - 5)
+    plan = plan_job(queued(spec, status, surplus.reclaimed_views(pods, early, NOW), early))
+    assert plan.delete_pods == [] and plan.requeue <= 5
+    late = taken(surplus.RECLAIM_DRAIN + 1)
+    plan = plan_job(queued(spec, status, surplus.reclaimed_views(pods, late, NOW), late))
+    assert plan.delete_pods == ["j-worker-2"]
