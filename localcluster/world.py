@@ -81,6 +81,20 @@ def start_hollow(
     return Hollow(local, local.kubeconfig, api, local.cp, local.operator)
 
 
+def start_real(tmp: Path, nodes: int = 2, kueue: bool = False) -> Real:
+    """The real control plane, real nodes (containerd; workers with their sshd), Kueue if
+    asked, and the operator as a process of this machine under its deploy/ RBAC."""
+    local = LocalCluster(tmp, nodes=nodes, kueue=kueue)
+    try:
+        local.start()
+    except BaseException:
+        local.stop()
+        raise
+    assert local.cp is not None and local.operator is not None
+    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
+    return Real(local, local.kubeconfig, api, local.cp, local.operator)
+
+
 def start_chain(tmp: Path, nodes: int = 1) -> Chain:
     """The full chain: the real control plane, real nodes (containerd, kubelet, kube-proxy,
     kube-scheduler, CoreDNS) and the operator as deploy/ installs it. A plain cluster: no
@@ -256,10 +270,13 @@ class World:
 
 
 @dataclass
-class Hollow(World):
+class Real(World):
     cp: ControlPlane
     operator: OperatorProcess
 
+
+@dataclass
+class Hollow(Real):
     def nodes(self) -> list[str]:
         return [HollowNodes.name(i) for i in range(self.local.hollow)]
 
