@@ -35,25 +35,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
-    order = [
-        "p1",
-        "p5",
-        "p7",
-        "p8",
-        "p9",
-        "p4",
-        "kills",
-        "p6",
-        "a1",
-        "p10",
-        "ha",
-        "q1",
-        "q2",
-        "g1",
-        "t1",
-        "s1",
-    ]
-    p.add_argument("--only", nargs="*", default=order)
+    p.add_argument("--only", nargs="*", help="stages by name (default: all, in order)")
     p.add_argument("--minutes", type=float, default=5.0, help="P7's length")
     args = p.parse_args()
     rows: list[Row] = []
@@ -77,7 +59,7 @@ def main() -> int:
     ]
     with tempfile.TemporaryDirectory() as d:
         for name, stage in stages:
-            if name not in args.only:
+            if args.only and name not in args.only:
                 continue
             (Path(d) / name).mkdir(parents=True, exist_ok=True)
             try:

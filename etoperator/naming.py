@@ -64,6 +64,13 @@ DISCOVER_KEY = "discover_hosts.sh"
 DEEPSPEED_KEY = "deepspeed-hostfile"
 SHARED_VOLUME = "etoperator-shared"  # spec.sharedVolume, in every worker
 CHECKPOINT_ENV = "CHECKPOINT_DIR"  # where it is mounted, as the workers' scripts read it
+# The save handshake's files in that directory (docs/behaviour.md, "A save before every stop"):
+# the launcher's preStop touches the request; a script that honours it (it made the marker at
+# its start) saves at its next step, then writes the report ("step=<n> t=<unix time>").
+SAVE_REQUEST = ".etoperator-save-request"
+SAVE_REPORT = ".etoperator-saved"
+SAVE_MARKER = ".etoperator-saves"
+SAVE_WAIT = 20  # seconds the launcher's preStop waits for the report (within its grace period)
 RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host and its workers' leave
 
 SSH_PORT = 22

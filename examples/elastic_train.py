@@ -7,11 +7,13 @@ benchmarks read:
     STEP <n> size=<workers> loss=<batch loss> t=<unix time>
     DONE steps=<n> size=<workers> eval_before=<loss> eval_after=<loss> resets=<n>
     RESUMED step=<n> from <path>
+    SAVED step=<n> (asked by the launcher before a stop)
 
 With a checkpoint directory (the job's sharedVolume: CHECKPOINT_DIR, which the operator gives
 the launcher and horovodrun passes on), rank 0 saves the committed state there at each commit,
 and a fresh run (a resume, an eviction, a new launcher) goes on from it: at most one commit's
-steps are lost to a stop, as Horovod's own resets go back to the last commit.
+steps are lost to a stop, as Horovod's own resets go back to the last commit; none where the
+stop asks for a save first (savepoint.py: the operator's launcher does).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 # it in their first sync).
 import torch._dynamo
 import torch.nn.functional as F
+from savepoint import SaveRequests, hold
 
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "elastic_train.pt"
@@ -115,6 +118,7 @@ def main() -> None:
 
     state.register_reset_callbacks([on_reset])
     load(args.checkpoint_dir, state)
+    requests = SaveRequests(args.checkpoint_dir if hvd.rank() == 0 else "")
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -136,6 +140,11 @@ def main() -> None:
                 state.commit()
                 if hvd.rank() == 0 and args.checkpoint_dir:
                     save(args.checkpoint_dir, state)
+            if requests.asked():  # the run is about to stop: save this step, train no further
+                save(args.checkpoint_dir, state)
+                requests.report(state.step)
+                print(f"SAVED step={state.step}", flush=True)
+                hold()
             time.sleep(args.step_sleep)
 
     train(state)

@@ -39,6 +39,10 @@ _REPLICA_STATUS: Schema = {
         k: {"type": "integer", "format": "int32"} for k in ("active", "succeeded", "failed")
     },
 }
+_SAVED: Schema = {
+    "type": "object",
+    "properties": {"step": {"type": "integer"}, "time": _TIME},
+}
 _REPLICA_STATUSES: Schema = {
     "type": "object",
     "properties": {"Launcher": _REPLICA_STATUS, "Worker": _REPLICA_STATUS},
@@ -142,6 +146,8 @@ class JobStatus(CommonStatus):
     replicas_before: Annotated[int | None, _INDEX] = None
     # Trusted again if the SSH Secret must be remade.
     ssh_public_key: Annotated[str | None, _STRING] = None
+    # The training's last save reported before a stop (the save handshake): step and time.
+    last_saved: Annotated[dict[str, Any] | None, _SAVED] = None
 
     @property
     def members(self) -> list[str]:

@@ -13,7 +13,7 @@ from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, torchrun
 from etoperator.builders import workload as wl
 from etoperator.builders.common import ANYWHERE, Owner, Placement
-from etoperator.builders.volumes import checkpoint_env, mount_shared
+from etoperator.builders.volumes import launcher_saves, mount_shared
 
 
 class TrainingRuntime(Protocol):
@@ -63,7 +63,7 @@ class Horovod:
     ) -> list[dict[str, Any]]:  # fmt: skip
         pod = pods.launcher_pod(spec, owner, secret[0], secret[1], run, placement)
         pods.start_with(pod, size * spec.slots_per_worker)
-        return [checkpoint_env(spec, pod)]
+        return [launcher_saves(spec, pod)]
 
     def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:
         return config.config_data(spec.name, spec.namespace, hosts, spec.slots_per_worker)
@@ -93,7 +93,7 @@ class Torchrun:
         account = pods.launcher_service_account(spec, spec.launcher.template)
         return [
             torchrun.rendezvous_service(spec, owner),
-            torchrun.launcher_pod(spec, owner, run, account, placement),
+            launcher_saves(spec, torchrun.launcher_pod(spec, owner, run, account, placement)),
         ]
 
     def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:

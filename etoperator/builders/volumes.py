@@ -3,6 +3,7 @@ Pure."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from etoperator import naming
@@ -31,8 +32,8 @@ def shared_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
 
 
 def mount_shared(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
-    """The worker `pod` with the shared claim mounted in its first container and its path in
-    CHECKPOINT_DIR (the template's own value of it stays)."""
+    """The `pod` (a worker, a launcher) with the shared claim mounted in its first container
+    and its path in CHECKPOINT_DIR (the template's own value of it stays)."""
     if spec.shared is None:
         return pod
     pod_spec = pod["spec"]
@@ -60,4 +61,36 @@ def checkpoint_env(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
     env = pod["spec"]["containers"][0].setdefault("env", [])
     if not any(e.get("name") == naming.CHECKPOINT_ENV for e in env):
         env.append({"name": naming.CHECKPOINT_ENV, "value": spec.shared.mount_path})
+    return pod
+
+
+def save_hook(
+    directory: str, wait: int = naming.SAVE_WAIT, report: str = "/dev/termination-log"
+) -> dict[str, Any]:
+    """The launcher's preStop, the save handshake: every stop of a run deletes its launcher
+    first of all (a suspension, an eviction, a launcher restart, the job deleted), so before
+    the kubelet stops it, a save is asked of the training (the request touched) and waited for
+    up to `wait` seconds: a report newer than the request, which becomes the container's
+    termination message (the job's status.lastSaved). No wait where no script honours it
+    (no marker)."""
+    d = shlex.quote(directory)
+    script = (
+        f'd={d}; r="$d/{naming.SAVE_REQUEST}"; '
+        f'[ -e "$d/{naming.SAVE_MARKER}" ] || exit 0; touch "$r" || exit 0; i=0; '
+        f"while [ $i -lt {wait * 5} ]; do "
+        f'if [ -n "$(find "$d" -maxdepth 1 -name {naming.SAVE_REPORT} -newer "$r")" ]; then '
+        f'cat "$d/{naming.SAVE_REPORT}" > {shlex.quote(report)}; exit 0; fi; '
+        "sleep 0.2; i=$((i+1)); done"
+    )
+    return {"exec": {"command": ["sh", "-c", script]}}
+
+
+def launcher_saves(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
+    """A launcher with the shared volume mounted (as the workers have it) and the save
+    handshake as its preStop (a hook of the template's own stays)."""
+    if spec.shared is None:
+        return pod
+    pod = mount_shared(spec, pod)
+    first = pod["spec"]["containers"][0]
+    first.setdefault("lifecycle", {}).setdefault("preStop", save_hook(spec.shared.mount_path))
     return pod

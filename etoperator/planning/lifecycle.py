@@ -5,7 +5,7 @@ plan (Services, replica counts, when to come back)."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime
+from datetime import UTC, datetime
 
 from etoperator import naming
 from etoperator import status as st
@@ -97,6 +97,22 @@ def plan_pass(d: Draft) -> Plan:
     if d.phase not in st.TERMINAL:
         gangs.settle(d)
     return complete_plan(d)
+
+
+def note_saved(d: Draft) -> None:
+    """The save the stopping launcher's preStop reported (the save handshake): the job's
+    status.lastSaved, and an event the first time it is seen."""
+    launcher = d.launcher
+    said = launcher.saved if launcher is not None else ""
+    if launcher is None or not said:
+        return
+    step, at = (part.split("=", 1)[1] for part in said.split())
+    when = iso(datetime.fromtimestamp(float(at), UTC))
+    if (d.status.last_saved or {}).get("time") == when:
+        return
+    d.status.last_saved = {"step": int(step), "time": when}
+    message = f"the training saved step {step} as its run stopped ({launcher.name})"
+    d.plan.events.append(Event("Normal", "Saved", message))
 
 
 def repair_phase(d: Draft, phase: str) -> None:
@@ -193,6 +209,7 @@ def suspend(d: Draft) -> None:
 
 
 def complete_plan(d: Draft) -> Plan:
+    note_saved(d)
     job_spec = d.inp.spec
     if job_spec is not None:
         members = set(d.status.target_workers or [])

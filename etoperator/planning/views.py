@@ -34,6 +34,7 @@ class PodView:
     peers: frozenset[str] | None = None
     waiting: str = ""  # why a pod that is not running cannot run (its own words), if it says
     bound: bool = False  # the scheduler has placed it on a node
+    saved: str = ""  # launcher: the save it reported before it stopped ("step=<n> t=<unix>")
     surplus: bool = False  # a queued job's worker made under its surplus admission
     # Kueue took back the admission it runs under (the surplus's): it leaves as a ScaleIn
     # victim does, is not replaced, and the job's size asked stays (it grows back).

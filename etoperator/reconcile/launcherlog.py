@@ -1,7 +1,21 @@
-"""What a launcher's log says of its workers (pure): the lines a ScaleOut that waits on
-Horovod reports, naming its new workers."""
+"""What a launcher says (pure): the lines of its log a ScaleOut that waits on Horovod reports,
+naming its new workers; the save its preStop reported before it stopped."""
 
 from __future__ import annotations
+
+import re
+from typing import Any
+
+SAVED = re.compile(r"step=\d+ t=\d+(\.\d+)?")
+
+
+def said_saved(pod: dict[str, Any]) -> str:
+    """The save report a stopped container left as its termination message ("" if none)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        message = str(((cs.get("state") or {}).get("terminated") or {}).get("message") or "")
+        if SAVED.fullmatch(message.strip()):
+            return message.strip()
+    return ""
 
 
 def words_about(log: str, names: list[str], most: int = 3, width: int = 240) -> list[str]:

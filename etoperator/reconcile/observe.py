@@ -31,7 +31,7 @@ from etoperator.clock import parse_iso, utcnow
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView, surplus
 from etoperator.planning.views import QueueView
-from etoperator.reconcile.launcherlog import words_about
+from etoperator.reconcile.launcherlog import said_saved, words_about
 from etoperator.reconcile.state import Keys, job_id
 from etoperator.sshcheck import (
     HorovodOn,
@@ -113,6 +113,7 @@ def classify(
                 ip=str(pst.get("podIP") or ""),
                 bound=bool((p.get("spec") or {}).get("nodeName")),
                 surplus=worker and wl.LABEL_SURPLUS in (meta.get("labels") or {}),
+                saved="" if worker else said_saved(p),
             )
         )
     return views

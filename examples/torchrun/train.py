@@ -33,6 +33,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from savepoint import SaveRequests, hold  # examples/, beside this directory
+
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "checkpoint.pt"
 PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's stop
@@ -121,10 +124,12 @@ def main() -> int:
             flush=True,
         )
     ddp = DistributedDataParallel(model)
+    requests = SaveRequests(args.checkpoints if rank == 0 else "")
 
     def stopped(signum: int, _frame: Any) -> None:
         if rank == 0 and state.at_step_end:
             state.save(args.checkpoints)
+            requests.report(state.step)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stopped)
@@ -156,6 +161,11 @@ def main() -> int:
             print(f"{said} t={time.time():.3f}", flush=True)
             if state.step % args.save_every == 0:
                 state.save(args.checkpoints)
+            if requests.asked():  # the run is about to stop: save this step, train no further
+                state.save(args.checkpoints)
+                requests.report(state.step)
+                print(f"SAVED step={state.step}", flush=True)
+                hold()
         if args.step_sleep:
             time.sleep(args.step_sleep)
     with torch.no_grad():

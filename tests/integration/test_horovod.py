@@ -177,8 +177,8 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
     process still runs (its preStop hook holds it until Horovod lets go), Horovod shrinks at
     its next reset, and training goes on at the smaller size without a step lost or repeated.
     Its node drained, the worker had been killed 0.4 s in, before it left the list. Then the
-    job is suspended and resumed: its fresh run goes on from the last commit saved on the
-    job's shared volume, not from step 0."""
+    job is suspended and resumed: its fresh run goes on from the step saved on the job's
+    shared volume as the run stopped (asked by the launcher's preStop), not from step 0."""
     body = horovod_job("drained", 3, steps=1_000_000, minReplicas=1)
     body["spec"]["sharedVolume"] = dict(SHARED)
     cluster.create(body, ns)
@@ -220,8 +220,12 @@ def test_kubectl_drain_of_a_training_worker_loses_no_step(cluster: Cluster, ns: 
             cluster.kubectl("exec", "-n", ns, "drained-launcher", "--", "ps", "auxf", check=False)
         )
         raise
-    # At most a commit's steps (2) lost; the new run's first step follows the one saved.
-    assert tr.resumed is not None and tr.resumed >= max(seen) - 2, (tr.resumed, max(seen))
+    # The save handshake: the launcher's preStop asked for a save before the stop, rank 0
+    # saved its step and trained no further: every step seen was saved (none lost), the job
+    # says which, and the new run's first step follows it.
+    saved = cluster.status(ns, "drained").get("lastSaved") or {}
+    assert tr.resumed is not None and max(seen) <= tr.resumed == saved.get("step"), (
+        tr.resumed, max(seen), saved)  # fmt: skip
     assert min(s for s, _, _, t in tr.steps if t >= t1) == tr.resumed + 1
 
 

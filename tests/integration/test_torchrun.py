@@ -173,14 +173,17 @@ def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
 def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
 ) -> None:
-    """A whole stop (spec.suspend) and a fresh run: the workers' stop saved at a step's end
-    (their SIGTERM), the claim outlived the run, and the new run resumes from it."""
+    """A whole stop (spec.suspend) and a fresh run: the training saved as the run stopped (the
+    launcher's save handshake, or the workers' SIGTERM) at a step's end, the job says which
+    step, the claim outlived the run, and the new run resumes from it."""
     book = training(cluster, ns, request, save_every=1000)
     cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
     # a stop waits out no grace period: the launcher ends at SIGTERM, each worker once it saved
     wait_for(lambda: not cluster.pods(ns, "tr", live=False), 15, "every pod gone")
     last = book.read().last()
     assert last is not None and last[0] < 1000  # no periodic save yet: only the stop's
+    saved = cluster.status(ns, "tr").get("lastSaved") or {}
+    assert saved.get("step") == last[0], saved  # reported by the launcher's stop
     since = time.time()
     cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": False}})
     resumed = book.wait_at(2, since, 180)

@@ -216,7 +216,8 @@ def test_workers_on_the_node_s_network_claim_the_ssh_port() -> None:
 
 def test_a_horovod_job_s_ranks_learn_where_the_shared_volume_is() -> None:
     """horovodrun starts the ranks over SSH with the launcher's environment: the launcher
-    carries CHECKPOINT_DIR (the workers' mount path) though it mounts nothing."""
+    carries CHECKPOINT_DIR (the workers' mount path); it mounts the volume too, for the save
+    handshake its preStop runs there."""
     from etoperator.builders import runtimes
 
     body = job("j", sharedVolume={"storage": "1Gi", "mountPath": "/ckpt"})
@@ -225,7 +226,11 @@ def test_a_horovod_job_s_ranks_learn_where_the_shared_volume_is() -> None:
     (launcher,) = runtimes.of(s).launcher(s, OWNER, 0, ("j", ssh.OWN_KEYS), 2)
     first = launcher["spec"]["containers"][0]
     assert {"name": naming.CHECKPOINT_ENV, "value": "/ckpt"} in first["env"]
-    assert not any(v.get("persistentVolumeClaim") for v in launcher["spec"].get("volumes", []))
+    claims = [v["persistentVolumeClaim"] for v in launcher["spec"]["volumes"]
+              if v.get("persistentVolumeClaim")]  # fmt: skip
+    assert claims == [{"claimName": naming.shared_claim_name("j")}]
+    hook = first["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert naming.SAVE_REQUEST in hook and "/ckpt" in hook
     worker = runtimes.of(s).worker_pod(s, OWNER, 0, 0, ("j", ssh.OWN_KEYS))
     assert {"name": naming.CHECKPOINT_ENV, "value": "/ckpt"} in worker["spec"]["containers"][0][
         "env"

@@ -1,0 +1,90 @@
+"""The save handshake as the kubelet runs it (the launcher's preStop, in sh) against a script's
+side of it (examples/savepoint.py): a save asked, made, reported, and the hook's bounds."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+from etoperator.builders.volumes import save_hook
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def savepoint() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("savepoint", ROOT / "examples" / "savepoint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_hook(directory: Path, report: Path, wait: int) -> float:
+    command = save_hook(str(directory), wait, str(report))["exec"]["command"]
+    t0 = time.monotonic()
+    subprocess.run(command, check=True, timeout=wait + 10)
+    return time.monotonic() - t0
+
+
+def test_a_save_asked_is_made_reported_and_becomes_the_termination_message(
+    tmp_path: Path,
+) -> None:
+    sp = savepoint()
+    requests = sp.SaveRequests(str(tmp_path))
+    saved: list[int] = []
+
+    def training() -> None:  # a step every 50 ms, as rank 0 runs
+        for step in range(1, 400):
+            if requests.asked():
+                saved.append(step)
+                requests.report(step)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=training, daemon=True).start()
+    took = run_hook(tmp_path, tmp_path / "message", wait=10)
+    assert saved and took < 2, (saved, took)
+    assert (tmp_path / "message").read_text().startswith(f"step={saved[0]} t=")
+
+
+def test_no_wait_where_no_script_honours_it_and_at_most_the_bound_where_none_answers(
+    tmp_path: Path,
+) -> None:
+    assert run_hook(tmp_path, tmp_path / "message", wait=5) < 1  # no marker: not asked
+    assert not (tmp_path / sp_request()).exists()
+    savepoint().SaveRequests(str(tmp_path))  # a script that saves, then hangs
+    took = run_hook(tmp_path, tmp_path / "message", wait=1)
+    assert 0.9 < took < 3 and not (tmp_path / "message").exists()
+
+
+def test_a_request_of_an_earlier_run_is_not_the_new_run_s(tmp_path: Path) -> None:
+    sp = savepoint()
+    (tmp_path / sp.MARKER).touch()
+    (tmp_path / sp.REQUEST).touch()
+    assert not sp.SaveRequests(str(tmp_path)).asked()
+
+
+def sp_request() -> str:
+    return str(savepoint().REQUEST)
+
+
+def test_the_save_reported_is_the_job_s_last_saved_said_once() -> None:
+    from etoperator.planning import plan_job
+    from etoperator.reconcile.launcherlog import said_saved
+    from tests.unit.test_planning import inp, jspec, launcher, running_status, w
+
+    stopped = {
+        "containerStatuses": [{"state": {"terminated": {"message": "step=42 t=1767268800.5\n"}}}]
+    }
+    assert said_saved({"status": stopped}) == "step=42 t=1767268800.5"
+    assert said_saved({"status": {"containerStatuses": [{"state": {"running": {}}}]}}) == ""
+    going = launcher("Failed", deleting=True, saved="step=42 t=1767268800.5")
+    plan = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), going]))
+    assert plan.status.last_saved == {"step": 42, "time": "2026-01-01T12:00:00Z"}
+    assert [e.reason for e in plan.events].count("Saved") == 1
+    again = plan_job(inp(jspec(), plan.status, [w(0), w(1), going]))
+    assert "Saved" not in [e.reason for e in again.events]
