@@ -249,7 +249,7 @@ def test_the_admitted_message_keeps_the_size_admitted_now() -> None:
     assert not [e for e in plan.events if e.reason == "Admitted"]  # kept current, no event
 
 
-PREEMPTED: dict[str, Any] = {"evicted": "Preempted: a higher priority", "evicted_reason": "Preempted"}
+PREEMPTED: dict[str, Any] = {"evicted": "Preempted: by a job", "evicted_reason": "Preempted"}
 
 
 def reclaiming(views: list[PodView], q: QueueView) -> list[PodView]:
