@@ -23,7 +23,7 @@ from bench.common import Row
 from bench.discovery import p1_p2_p3
 from bench.gangs import g1
 from bench.ha import ha, p10
-from bench.preempt import q2
+from bench.preempt import q2, q3
 from bench.queues import q1
 from bench.scale import p5, p7, p8, p9
 from bench.torchrun import t1
@@ -53,6 +53,7 @@ def main() -> int:
         ("ha", ha),
         ("q1", q1),
         ("q2", lambda t: q2(t, args.rounds)),
+        ("q3", q3),
         ("g1", g1),
         ("t1", lambda t: t1(t, args.rounds)),
         ("s1", s1),

@@ -1,4 +1,5 @@
-"""Q2: shrink instead of evict under the real Kueue (real nodes)."""
+"""Q2, Q3: shrink instead of evict under the real Kueue (real nodes): the preemptor's wait,
+the goodput of a training job under a trace of preemptions, a kill and a whole stop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import yaml
 
 from bench.common import Row, fmt
 from etoperator import naming
+from localcluster.manifests import IMAGE, SHARED
 from localcluster.queues import KUEUE, make_queue, queued_job
+from localcluster.tour import Training
 from localcluster.world import Real, start_real, wait_for
 
 
@@ -84,3 +87,105 @@ def watch_workloads(c: Real, ns: str) -> Callable[[], dict[tuple[str, str], floa
 
     threading.Thread(target=run, daemon=True).start()
     return lambda: dict(seen)
+
+
+TRAIN = "/opt/etoperator/examples/elastic_train.py"
+
+
+def training_job(name: str, ns: str) -> dict[str, Any]:
+    """examples/elastic_train.py at 4 workers (min 2) in the queue, at the low priority, with
+    a shared volume to save to: a step every 0.2 s, a commit every 2 steps."""
+    body = queued_job(name, replicas=4, minReplicas=2)
+    roles = body["spec"]["etReplicaSpecs"]
+    roles["launcher"]["template"]["spec"]["containers"][0].update(
+        image=IMAGE, imagePullPolicy="Never",
+        command=["horovodrun", "-np", "4", "--min-np", "1", "--max-np", "4",
+                 "--host-discovery-script", "/etc/edl/discover_hosts.sh", "--cycle-time-ms", "5",
+                 "python3", TRAIN, "--steps", "1000000", "--step-sleep", "0.2",
+                 "--commit-every", "2"],
+    )  # fmt: skip
+    worker = roles["worker"]["template"]["spec"]["containers"][0]
+    worker.update(image=IMAGE, imagePullPolicy="Never")
+    worker.pop("command", None)
+    body["spec"]["sharedVolume"] = dict(SHARED)
+    return prioritised(body, ns, "low")
+
+
+def q3(tmp: Path, seconds: float = 360.0, every: float = 90.0) -> list[Row]:
+    """Goodput under a trace: the job trains `seconds` undisturbed (its rate: steps a second),
+    then `seconds` again while a job of higher priority takes its surplus every `every`
+    seconds for half of it, one worker is SIGKILLed mid-way and the job is suspended and
+    resumed once (a whole stop, as an eviction of its core is): goodput = the steps kept
+    (the last step less the first) over the time, against the undisturbed rate; the steps lost
+    to the whole stop (the last step seen before it less the one resumed from)."""
+    c = start_real(tmp, nodes=2, kueue=True)
+    try:
+        ns = c.new_namespace()
+        make_queue(c, ns, pods=5, preempt=True, millicpu=100)
+        for name, value in (("low", 10), ("high", 1000)):
+            wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+                   "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
+            c.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+        static = steady_rate(c, ns, "static", seconds)
+        kept, lost = traced_rate(c, ns, "traced", seconds, every)
+        return [
+            ("Q3", f"undisturbed: steps a second over {seconds:.0f}s", f"{static:.3f}", ""),
+            ("Q3", f"goodput under preemptions every {every:.0f}s, a kill, a suspension",
+             f"{100 * kept / static:.1f}% ({kept:.3f} steps/s)", ">= 97%"),
+            ("Q3", "steps lost to the whole stop (saved as it stopped)", str(lost), "0"),
+        ]  # fmt: skip
+    finally:
+        c.stop()
+
+
+def started(c: Real, ns: str, name: str) -> tuple[Training, float, int]:
+    c.create(training_job(name, ns), ns)
+    tr = Training(lambda: c.pod_log(ns, f"{name}-launcher"))
+    wait_for(lambda: tr.first_step_at(4, 0), 300, f"{name} at 4", interval=0.5)
+    last = tr.read().steps[-1]
+    return tr, last[3], last[0]
+
+
+def steady_rate(c: Real, ns: str, name: str, seconds: float) -> float:
+    tr, t0, s0 = started(c, ns, name)
+    time.sleep(seconds)
+    s1, _, _, t1 = tr.read().steps[-1]
+    c.kubectl("delete", "tj", name, "-n", ns, "--wait=true")
+    return (s1 - s0) / (t1 - t0)
+
+
+def traced_rate(c: Real, ns: str, name: str, seconds: float, every: float) -> tuple[float, int]:
+    tr, t0, s0 = started(c, ns, name)
+    end, i, killed, lost = t0 + seconds, 0, False, -1
+    while time.time() < end - every:
+        high = f"high{i}"
+        c.create(prioritised(queued_job(high, replicas=1), ns, "high"), ns)
+        time.sleep(every / 2)
+        c.kubectl("delete", "tj", high, "-n", ns, "--wait=false")  # its quota frees as it goes
+        if not killed and time.time() > t0 + seconds / 3:
+            c.kill(ns, c.hosts(ns, name)[-1])
+            killed = True
+        elif lost < 0 and time.time() > t0 + 2 * seconds / 3:
+            lost = suspended(c, ns, name, tr)
+        time.sleep(every / 2)
+        i += 1
+    time.sleep(max(end - time.time(), 0))
+    s1, _, _, t1 = tr.read().steps[-1]
+    c.kubectl("delete", "tj", name, "-n", ns, "--wait=true")
+    return (s1 - s0) / (t1 - t0), lost
+
+
+def suspended(c: Real, ns: str, name: str, tr: Training) -> int:
+    """Suspended until its pods are gone, then resumed: the steps the new run took again."""
+    seen = [0]
+
+    def gone() -> bool:
+        seen.append(max((s for s, *_ in tr.read().steps), default=0))
+        return not c.pods(ns, name, live=False)
+
+    c.api.patch(naming.JOB_KIND, ns, name, {"spec": {"suspend": True}})
+    wait_for(gone, 90, "every pod gone", 0.2)
+    t = time.time()
+    c.api.patch(naming.JOB_KIND, ns, name, {"spec": {"suspend": False}})
+    wait_for(lambda: any(x[3] >= t for x in tr.read().steps), 300, "training again", 0.5)
+    return max(seen) - (tr.resumed or 0)
