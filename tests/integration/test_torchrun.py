@@ -11,11 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from etoperator import naming
 from localcluster import torchtour
 from localcluster.manifests import scaleout, torchrun_job
-from localcluster.queues import MILLICPU, QuotaWatch, admitted_workers, make_queue
+from localcluster.queues import (
+    KUEUE,
+    MILLICPU,
+    QuotaWatch,
+    admitted_workers,
+    make_queue,
+    queued_job,
+)
 from localcluster.torchlogs import Logbook, Seen
 from tests.harness import Cluster, wait_for
 
@@ -145,11 +153,13 @@ def test_kubectl_scale_and_a_drain_of_a_torchrun_worker_are_planned_changes(
     assert "DisruptionTarget" in str(cond.get("message")), cond
 
 
-def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
+def test_a_queued_torchrun_job_grows_through_a_slice_and_shrinks_when_preempted(
     cluster: Cluster, ns: str, logs: None, request: pytest.FixtureRequest
 ) -> None:
-    """Kueue admits the job at 2 workers, then the ScaleOut's slice at 3; what Kueue counts
-    (sampled all along) never falls short of the pods."""
+    """Kueue admits the job at 2 workers, then the ScaleOut's slice at 3; a job of higher
+    priority then takes its surplus: it trains on at its core (1 worker) from its checkpoint,
+    using none of the agents' restarts, and grows back to 3 once the newcomer is gone. What
+    Kueue counts (sampled all along) never falls short of the pods."""
     cq = make_queue(cluster, ns, pods=3)  # room for 3 workers; the launcher asks for nothing
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
     body = torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4)
@@ -168,6 +178,24 @@ def test_a_queued_torchrun_job_grows_through_a_slice_within_its_quota(
         continued(grown, 3, since)
         assert admitted_workers(cluster, ns, "tr") == 3
         assert {r for _, r in grown.starts} == {0}
+        wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+               "metadata": {"name": f"high-{ns}"}, "value": 1000}  # fmt: skip
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+        high = queued_job("high", replicas=1)  # its launcher and worker: 2 pods' quota
+        high["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
+        since = time.time()
+        cluster.create(high, ns)
+        shrunk = book.wait_at(1, since, 90)
+        continued(shrunk, 1, since)
+        assert {r for _, r in shrunk.starts} == {0}, f"a preemption used restarts: {shrunk}"
+        wait_for(lambda: cluster.phase(ns, "high") == "Running", 60, "the newcomer running")
+        since = time.time()
+        cluster.kubectl("delete", "tj", "high", "-n", ns, "--wait=false")
+        back = book.wait_at(3, since, 120)
+        continued(back, 3, since)
+        assert (
+            cluster.phase(ns, "tr") == "Running" and cluster.status(ns, "tr")["restartCount"] == 0
+        )
 
 
 def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
