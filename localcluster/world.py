@@ -71,20 +71,17 @@ def start_hollow(
     local = LocalCluster(
         tmp, hollow=nodes, max_pods=max_pods, operator_args=list(extra), kueue=kueue
     )
-    try:
-        local.start()
-    except BaseException:
-        local.stop()
-        raise
-    assert local.cp is not None and local.operator is not None
-    api = kube.Kube(kube.load_config(str(local.kubeconfig)))
-    return Hollow(local, local.kubeconfig, api, local.cp, local.operator)
+    return Hollow(**_started(local))
 
 
 def start_real(tmp: Path, nodes: int = 2, kueue: bool = False) -> Real:
     """The real control plane, real nodes (containerd; workers with their sshd), Kueue if
     asked, and the operator as a process of this machine under its deploy/ RBAC."""
-    local = LocalCluster(tmp, nodes=nodes, kueue=kueue)
+    return Real(**_started(LocalCluster(tmp, nodes=nodes, kueue=kueue)))
+
+
+def _started(local: LocalCluster) -> dict[str, Any]:
+    """The cluster started (stopped again if its start fails), with its operator process."""
     try:
         local.start()
     except BaseException:
@@ -92,7 +89,8 @@ def start_real(tmp: Path, nodes: int = 2, kueue: bool = False) -> Real:
         raise
     assert local.cp is not None and local.operator is not None
     api = kube.Kube(kube.load_config(str(local.kubeconfig)))
-    return Real(local, local.kubeconfig, api, local.cp, local.operator)
+    return {"local": local, "kubeconfig": local.kubeconfig, "api": api, "cp": local.cp,
+            "operator": local.operator}  # fmt: skip
 
 
 def start_chain(tmp: Path, nodes: int = 1) -> Chain:

@@ -3,7 +3,6 @@ side of it (examples/savepoint.py): a save asked, made, reported, and the hook's
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import threading
 import time
@@ -11,16 +10,11 @@ from pathlib import Path
 from types import ModuleType
 
 from etoperator.builders.volumes import save_hook
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.modules import load
 
 
 def savepoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("savepoint", ROOT / "examples" / "savepoint.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("examples/savepoint.py")
 
 
 def run_hook(directory: Path, report: Path, wait: int) -> float:

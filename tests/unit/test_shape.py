@@ -3,22 +3,19 @@ passes the project as it is."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.support.modules import load
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def shape() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("shape", ROOT / "hack" / "shape.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("hack/shape.py")
 
 
 @pytest.fixture
