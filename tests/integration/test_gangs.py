@@ -131,3 +131,26 @@ def test_a_queued_gang_is_admitted_first_then_placed_whole_and_survives_a_suspen
     cluster.api.patch(naming.JOB_KIND, ns, "gq", {"spec": {"suspend": False}})
     wait_for(lambda: running(cluster, ns, "gq", 2), 90, "resumed, placed whole again")
     assert bound(cluster, ns, "gq") == 2
+
+
+def test_a_scaler_of_a_gang_that_cannot_be_placed_says_so_and_fails_at_its_timeout(
+    cluster: Cluster, ns: str
+) -> None:
+    """A gang of five 900m workers never fits the two nodes: a ScaleOut of it waits, saying it
+    waits for the gang (not started: its job does not run), and fails at its timeout; no
+    worker of the gang was ever bound."""
+    cluster.create(gang_job("big", 5), ns)
+    wait_for(lambda: (cluster.condition(ns, "big", "GangPending") or {}).get("status") == "True",
+             60, "the gang says it waits")  # fmt: skip
+    cluster.create(scaleout("more", "big", 1, timeout=8), ns)
+
+    def waits() -> bool:
+        cond = cluster.condition(ns, "more", "Waiting", "ScaleOut") or {}
+        return cond.get("reason") == "JobNotRunning" and "placed" in str(cond.get("message"))
+
+    wait_for(waits, 15, "the scaler saying it waits for the gang")
+    wait_for(lambda: cluster.phase(ns, "more", "ScaleOut") == "ScaleFailed", 20, "its timeout")
+    failed = str((cluster.condition(ns, "more", "ScaleFailed", "ScaleOut") or {}).get("message"))
+    assert "did not run within the 8s timeout" in failed, failed
+    assert bound(cluster, ns, "big") == 0
+    assert cluster.job(ns, "big")["spec"]["etReplicaSpecs"]["worker"]["replicas"] == 5
