@@ -261,11 +261,20 @@ async def job_event(
     labels={naming.LABEL_GROUP: naming.GROUP},
 )  # fmt: skip
 async def child_event(
-    labels: Mapping[str, str], namespace: str | None, memo: kopf.Memo, **_: Any
+    type: str,
+    labels: Mapping[str, str],
+    namespace: str | None,
+    body: kopf.Body,
+    resource: kopf.Resource,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """A pod, the host-list ConfigMap, the Workload or the PodGroup of a job changed or went:
-    its job looks again (an admission, an eviction, the scheduler's word on a gang)."""
+    its job looks again (an admission, an eviction, the scheduler's word on a gang); a pod
+    gone leaves the save it reported (the launcher's, the save handshake)."""
     job = labels.get(naming.LABEL_JOB)
+    if job and type == "DELETED" and resource.kind == "Pod":
+        runtime(memo).reconciler.observer.note_gone(namespace or "", job, dict(body))
     if job:
         runtime(memo).kick((namespace or "", job))
 

@@ -103,15 +103,15 @@ def note_saved(d: Draft) -> None:
     """The save the stopping launcher's preStop reported (the save handshake): the job's
     status.lastSaved, and an event the first time it is seen."""
     launcher = d.launcher
-    said = launcher.saved if launcher is not None else ""
-    if launcher is None or not said:
+    said = launcher.saved if launcher is not None and launcher.saved else d.inp.saved
+    if not said:
         return
     step, at = (part.split("=", 1)[1] for part in said.split())
     when = iso(datetime.fromtimestamp(float(at), UTC))
     if (d.status.last_saved or {}).get("time") == when:
         return
     d.status.last_saved = {"step": int(step), "time": when}
-    message = f"the training saved step {step} as its run stopped ({launcher.name})"
+    message = f"the training saved step {step} as its run stopped"
     d.plan.events.append(Event("Normal", "Saved", message))
 
 

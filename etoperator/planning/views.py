@@ -177,6 +177,7 @@ class JobInput:
     gang: GangView | None = None  # spec.schedulingPolicy: its PodGroup
     # While a ScaleOut waits for Horovod: the launcher's last lines naming its new workers.
     launcher_said: tuple[str, ...] = ()
+    saved: str = ""  # the save the job's last launcher reported as its pod went (the handshake)
 
 
 @dataclass

@@ -68,6 +68,7 @@ from etoperator.reconcile.state import (
     job_id,
     job_prefix,
     merge_patch,
+    plan_next,
     refused,
 )
 from etoperator.sshcheck import SSHProber
@@ -86,11 +87,6 @@ EVENT_THREADS = 2  # a pass's events, posted off the pass
 REQUEST_THREADS = CREATES_AT_ONCE + ACCESS_AT_ONCE + EVENT_THREADS  # beside the passes' own
 # A pass comes back this soon while its launcher's access is being made, to tell what that met.
 ACCESS_CHECK = Next(1.0, "the launcher's account, Role and binding being made")
-
-
-def plan_next(plan: Plan) -> Next:
-    quiet = "resync" if plan.requeue >= 60 else "pods created or deleted"
-    return Next(plan.requeue, "; ".join(plan.pending) or quiet)
 
 
 @dataclass
@@ -204,8 +200,7 @@ class JobReconciler:
             scalers, queue = self.observer.scaler_views(obs), self.queues.view(obs)
             pods = self.observer.pod_views(obs, scalers, queue)
         gang = self.gangs.view(obs, obs.spec) if obs.spec is not None else None
-        if gang is not None and gang.conflict:
-            held = [*held, gang.conflict]
+        held = [*held, gang.conflict] if gang is not None and gang.conflict else held
         if gang is not None and gang.deferred:  # this run's new workers join no gang
             obs.spec = replace(obs.spec, gang=None)
         inp = JobInput(
@@ -228,6 +223,7 @@ class JobReconciler:
             queue=queue,
             gang=gang,
             launcher_said=self.observer.launcher_said(obs, scalers),
+            saved=self.observer.saved.get(job_prefix(namespace, name), ""),
         )
         with metrics.pass_step(took, "plan"):
             plan = plan_job(inp)

@@ -32,7 +32,7 @@ from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView, surplus
 from etoperator.planning.views import QueueView
 from etoperator.reconcile.launcherlog import said_saved, words_about
-from etoperator.reconcile.state import Keys, job_id
+from etoperator.reconcile.state import Keys, job_id, job_prefix
 from etoperator.sshcheck import (
     HorovodOn,
     SSHProber,
@@ -270,6 +270,7 @@ class Observer:
     now: Callable[[], float] = time.monotonic
     own_account: str = ""  # the operator's ServiceAccount, "<namespace>/<name>"
     wall: Callable[[], datetime] = utcnow
+    saved: dict[str, str] = field(default_factory=dict)  # by job prefix: note_gone's
 
     def parse(self, obs: Observed) -> Observed:
         try:
@@ -373,7 +374,14 @@ class Observer:
         self._scaler_views[jid] = fresh
         return [view for _, view in fresh.values()]
 
+    def note_gone(self, namespace: str, job: str, pod: dict[str, Any]) -> None:
+        """A pod of the job went: the save its launcher reported, kept for the job's next pass
+        (the kubelet removes a stopped pod moments after its last status)."""
+        if said := said_saved(pod):
+            self.saved[job_prefix(namespace, job)] = said
+
     def forget(self, prefix: str) -> None:
+        self.saved.pop(prefix, None)
         for jid in [k for k in list(self._scaler_views) if k.startswith(prefix)]:
             self._scaler_views.pop(jid, None)
         for jid in [k for k in list(self._said) if k.startswith(prefix)]:

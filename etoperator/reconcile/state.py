@@ -19,6 +19,7 @@ import paramiko
 from etoperator import naming
 from etoperator.cache import Observed
 from etoperator.kube import ApiError, Kube
+from etoperator.planning import Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,6 +50,11 @@ GONE = Next(0.0, "its namespace is gone")
 def job_id(namespace: str, name: str, uid: str) -> str:
     """What the reconciler's memory of a job is filed under (a new job of the name is another)."""
     return f"{namespace}/{name}/{uid}"
+
+
+def plan_next(plan: Plan) -> Next:
+    quiet = "resync" if plan.requeue >= 60 else "pods created or deleted"
+    return Next(plan.requeue, "; ".join(plan.pending) or quiet)
 
 
 def job_prefix(namespace: str, name: str) -> str:

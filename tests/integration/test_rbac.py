@@ -224,7 +224,8 @@ def test_pods_are_filtered_by_the_server(cluster: Cluster, ns: str) -> None:
 def queued_life(cluster: Cluster, ns: str) -> None:
     """A job Kueue admits: its priority class and flavor read, its Workload made, PodsReady
     written, a ScaleOut's slice made and removed at its timeout (no room), a ScaleIn giving
-    quota back (the count patched), the end written (Finished)."""
+    quota back (its surplus deleted), a suspension (the Workload deactivated, then active
+    again: patched), the end written (Finished)."""
     make_queue(cluster, ns, pods=3)
     wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
            "metadata": {"name": f"p-{ns}"}, "value": 5}  # fmt: skip
@@ -238,5 +239,10 @@ def queued_life(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: cluster.phase(ns, "rbq-o", "ScaleOut") == "ScaleFailed", 20, "no room")
     cluster.create(scalein("rbq-i", "rbq", count=1), ns)
     wait_for(lambda: cluster.phase(ns, "rbq-i", "ScaleIn") == "ScaleSucceeded", 20)
-    cluster.finish(ns, "rbq-launcher", 0)
+    # Suspended and resumed: the core Workload deactivated and activated again (patched).
+    for suspend in (True, False):
+        cluster.api.patch("TrainingJob", ns, "rbq", {"spec": {"suspend": suspend}})
+        wait_for(lambda: [w["spec"].get("active", True) for w in live_workloads(cluster, ns, "rbq")]
+                 == [not suspend], 30, "its Workload (in)active")  # noqa: B023  # fmt: skip
+    wait_for(lambda: cluster.phase(ns, "rbq") == "Running", 60, "rbq running again")
     wait_for(lambda: live_workloads(cluster, ns, "rbq") == [], 20, "its Workload finished")

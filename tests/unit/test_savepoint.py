@@ -82,3 +82,17 @@ def test_the_save_reported_is_the_job_s_last_saved_said_once() -> None:
     assert [e.reason for e in plan.events].count("Saved") == 1
     again = plan_job(inp(jspec(), plan.status, [w(0), w(1), going]))
     assert "Saved" not in [e.reason for e in again.events]
+
+
+def test_a_save_reported_by_a_launcher_already_gone_reaches_the_status() -> None:
+    """Under load the kubelet removed the stopped launcher before any pass saw its last
+    status: the report, kept from the pod's deletion, was lost (status.lastSaved empty)."""
+    import dataclasses
+
+    from etoperator.planning import plan_job
+    from tests.unit.test_planning import inp, jspec, running_status
+
+    gone = dataclasses.replace(
+        inp(jspec(), running_status([0, 1]), []), saved="step=7 t=1767268800.0"
+    )
+    assert plan_job(gone).status.last_saved == {"step": 7, "time": "2026-01-01T12:00:00Z"}
