@@ -222,27 +222,25 @@ def test_pods_are_filtered_by_the_server(cluster: Cluster, ns: str) -> None:
 
 
 def queued_life(cluster: Cluster, ns: str) -> None:
-    """A job Kueue admits: its priority class and flavor read, its Workload made, PodsReady
-    written, a ScaleOut's slice made and removed at its timeout (no room), a ScaleIn giving
-    quota back (its surplus deleted), a suspension (the Workload deactivated, then active
-    again: patched), the end written (Finished)."""
-    make_queue(cluster, ns, pods=3)
+    """A job Kueue admits: its priority class and flavor read, its Workloads made (the core,
+    then the surplus), PodsReady written, a ScaleOut's slice made and removed at its timeout
+    (no room), a ScaleIn giving quota back (the surplus's count patched), the end written
+    (Finished)."""
+    make_queue(cluster, ns, pods=4)
     wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
            "metadata": {"name": f"p-{ns}"}, "value": 5}  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
-    body = queued_job("rbq", replicas=2, maxReplicas=3)
+    body = queued_job("rbq", replicas=3, maxReplicas=4)
     body["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = f"p-{ns}"
     cluster.create(body, ns)
-    wait_for(lambda: len(cluster.hosts(ns, "rbq")) == 2 and cluster.phase(ns, "rbq") == "Running",
+    wait_for(lambda: len(cluster.hosts(ns, "rbq")) == 3 and cluster.phase(ns, "rbq") == "Running",
              60, "rbq running")  # fmt: skip
     cluster.create(scaleout("rbq-o", "rbq", 1, timeout=3), ns)
     wait_for(lambda: cluster.phase(ns, "rbq-o", "ScaleOut") == "ScaleFailed", 20, "no room")
     cluster.create(scalein("rbq-i", "rbq", count=1), ns)
     wait_for(lambda: cluster.phase(ns, "rbq-i", "ScaleIn") == "ScaleSucceeded", 20)
-    # Suspended and resumed: the core Workload deactivated and activated again (patched).
-    for suspend in (True, False):
-        cluster.api.patch("TrainingJob", ns, "rbq", {"spec": {"suspend": suspend}})
-        wait_for(lambda: [w["spec"].get("active", True) for w in live_workloads(cluster, ns, "rbq")]
-                 == [not suspend], 30, "its Workload (in)active")  # noqa: B023  # fmt: skip
-    wait_for(lambda: cluster.phase(ns, "rbq") == "Running", 60, "rbq running again")
+    wait_for(lambda: [ps["count"] for w in live_workloads(cluster, ns, "rbq")
+                      for ps in w["spec"]["podSets"] if ps["name"] == "worker"] == [1, 1],
+             20, "the surplus asking for one worker")  # fmt: skip
+    cluster.finish(ns, "rbq-launcher", 0)
     wait_for(lambda: live_workloads(cluster, ns, "rbq") == [], 20, "its Workload finished")

@@ -160,7 +160,7 @@ def test_a_queued_torchrun_job_grows_through_a_slice_and_shrinks_when_preempted(
     priority then takes its surplus: it trains on at its core (1 worker) from its checkpoint,
     using none of the agents' restarts, and grows back to 3 once the newcomer is gone. What
     Kueue counts (sampled all along) never falls short of the pods."""
-    cq = make_queue(cluster, ns, pods=3)  # room for 3 workers; the launcher asks for nothing
+    cq = make_queue(cluster, ns, pods=3, preempt=True)  # 3 workers; the launcher asks nothing
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(SAVE_EVERY)]
     body = torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4)
     body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq"}
