@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup clean test lint unit integration fullchain crds bench demo demo-down cluster-test
+.PHONY: setup clean test groups lint unit integration fullchain crds bench demo demo-down cluster-test
 
 setup:
 	hack/setup.sh
@@ -15,7 +15,11 @@ clean:
 # side in JOBS processes (each tier's cluster waits more than it computes; see tests/conftest.py).
 JOBS ?= 4
 test: lint
-	$(PY) -m pytest -q -n $(JOBS)
+	$(PY) -m pytest -q -n $(JOBS) --junitxml=build/junit.xml
+
+# Each process's share of the last `make test` (build/junit.xml), by the groups of tests/conftest.py.
+groups:
+	$(PY) hack/groups.py build/junit.xml
 
 lint:
 	$(VENV)/bin/ruff check etoperator localcluster tests bench examples
