@@ -115,7 +115,7 @@ def training_job(name: str, ns: str) -> dict[str, Any]:
 def q3(tmp: Path, seconds: float = 360.0, every: float = 90.0) -> list[Row]:
     """Goodput under a trace: the job trains `seconds` undisturbed, then `seconds` again while
     a job of higher priority takes its surplus every `every` seconds for half of it, one
-    worker is SIGKILLed mid-way and the job is suspended and resumed once (a whole stop, as an
+    worker is SIGKILLed a third in and the job is suspended and resumed once, half-way (a whole stop, as an
     eviction of its core is). Useful work is worker-steps kept (each step counted once, at the
     size it was last taken at: a step taken again after a rollback counts once, the time it
     took again is lost): goodput = useful work a second under the trace over the undisturbed
@@ -187,7 +187,7 @@ def traced_rate(
         if not killed and time.time() > t0 + seconds / 3:
             c.kill(ns, c.hosts(ns, name)[-1])
             killed = True
-        elif lost < 0 and time.time() > t0 + 2 * seconds / 3:
+        elif lost < 0 and time.time() > t0 + seconds / 2:
             lost = suspended(c, ns, name, tr)
         time.sleep(every / 2)
         i += 1

@@ -188,7 +188,10 @@ class Draft:
             self.follow_members(len(before))
         for pod in self.inp.pods:
             self.delete(pod.name)
-        self.set_members(Members((), ()))
+        # The host list Horovod reads empties once the launcher is gone (complete_plan): an
+        # empty list would end the training before the launcher's preStop asked it to save.
+        training = self.launcher is not None and self.launcher.phase == "Running"
+        self.set_members(Members((), ()), publish=not training)
         if active is not None:
             self.fail_scaler(active, reason, message)
             self.set_cond(st.SCALING, "False", reason, f"{active.kind} {active.name}: {message}")

@@ -210,6 +210,8 @@ def suspend(d: Draft) -> None:
 
 def complete_plan(d: Draft) -> Plan:
     note_saved(d)
+    if d.inp.published and not d.status.hosts and d.plan.hosts is None and not d.launcher:
+        d.plan.hosts = []  # a stopped run's list, once its launcher (and its save) is gone
     job_spec = d.inp.spec
     if job_spec is not None:
         members = set(d.status.target_workers or [])

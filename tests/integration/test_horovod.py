@@ -236,13 +236,14 @@ def test_a_preemption_under_kueue_shrinks_a_training_job_that_trains_on(
     ClusterQueue; a higher-priority job needs two pods' quota. Kueue takes the job's surplus
     only: two workers leave the host list, Horovod shrinks at its next reset, and training
     goes on at 2 from where it was (no step repeated, the same launcher, no restart); once the
-    newcomer ends the job grows back to 4 and trains on. Quota sampled all along."""
+    newcomer ends the job grows back to 4 and trains on. Then a job needing more than the
+    surplus evicts it whole, and it resumes from the step it saved. Quota sampled all along."""
     cq = make_queue(cluster, ns, pods=5, preempt=True)
     for name, value in (("low", 10), ("high", 1000)):
         wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
                "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
-    body = horovod_job("elastic", 4, steps=1_000_000, minReplicas=2)
+    body = horovod_job("elastic", 4, steps=1_000_000, minReplicas=2, sharedVolume=dict(SHARED))
     body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq",
                                   naming.LABEL_KUEUE_PRIORITY: f"low-{ns}"}  # fmt: skip
     for role in body["spec"]["etReplicaSpecs"].values():
@@ -262,11 +263,36 @@ def test_a_preemption_under_kueue_shrinks_a_training_job_that_trains_on(
         t1 = time.time()
         cluster.finish(ns, "high-launcher", 0)
         wait_for(lambda: tr.first_step_at(4, t1), 180, "training at 4 again", interval=0.5)
-    steps = [s for s, _, _, t in tr.read().steps if t >= t0]
-    assert steps == sorted(set(steps)), "a step was repeated: training rolled back"
-    assert cluster.obj("Pod", ns, "elastic-launcher")["metadata"]["uid"] == launcher
-    assert cluster.status(ns, "elastic").get("restartCount") == 0
-    assert cluster.phase(ns, "elastic") == "Running"
+        steps = [s for s, _, _, t in tr.read().steps if t >= t0]
+        assert steps == sorted(set(steps)), "a step was repeated: training rolled back"
+        assert cluster.obj("Pod", ns, "elastic-launcher")["metadata"]["uid"] == launcher
+        assert cluster.status(ns, "elastic").get("restartCount") == 0
+        assert cluster.phase(ns, "elastic") == "Running"
+        evicted_whole_then_resumed(cluster, ns, tr)
+
+
+def evicted_whole_then_resumed(cluster: Cluster, ns: str, tr: Training) -> None:
+    """A job needing more than the surplus (4 of the 5 pods): the whole job is evicted, its
+    launcher's save handshake saving as it stops; admitted again once that job ends, the new
+    run goes on from the step saved (every step seen was saved), which the job's status names."""
+    whole = queued_job("whole", replicas=3)
+    whole["metadata"]["labels"][naming.LABEL_KUEUE_PRIORITY] = f"high-{ns}"
+    seen = [0]
+
+    def stopped() -> bool:
+        seen.append(max((s for s, *_ in tr.read().steps), default=0))
+        return not cluster.pods(ns, "elastic", live=False)
+
+    cluster.create(whole, ns)
+    wait_for(stopped, 120, "the whole job evicted, its pods gone", 0.2)
+    wait_for(lambda: cluster.phase(ns, "whole") == "Running", 90, "the larger job running")
+    t = time.time()
+    cluster.finish(ns, "whole-launcher", 0)
+    wait_for(lambda: any(x[3] >= t for x in tr.read().steps), 240, "training again", 0.5)
+    saved = cluster.status(ns, "elastic").get("lastSaved") or {}
+    assert tr.resumed is not None and max(seen) <= tr.resumed == saved.get("step"), (
+        tr.resumed, max(seen), saved)  # fmt: skip
+    assert min(x[0] for x in tr.steps if x[3] >= t) == tr.resumed + 1
 
 
 def resolves_from_launcher(cluster: Cluster, ns: str, job: str, name: str) -> bool:

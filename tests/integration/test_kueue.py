@@ -199,6 +199,48 @@ def test_a_preemption_takes_the_surplus_the_job_trains_on_and_grows_back(
     assert admitted_workers(cluster, ns, "low") == 4
 
 
+def test_a_borrowed_surplus_is_what_a_lending_queue_reclaims(cluster: Cluster, ns: str) -> None:
+    """A cohort of two ClusterQueues of 3 pods each: a job of 4 (min 2) in the first runs on 5
+    pods, its surplus borrowing 2 of the second's; a job in the second (within its own quota)
+    reclaims them: Kueue takes the borrower's surplus only, which shrinks to 2 and runs on
+    with the same launcher; the lender's job runs."""
+    flavor = f"f-{ns}"
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": flavor}}
+    ]
+    for side in ("a", "b"):
+        quota = [{"name": "cpu", "nominalQuota": "300m"}]
+        spec = {
+            "cohortName": f"co-{ns}",
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "preemption": {"reclaimWithinCohort": "Any"},
+            "resourceGroups": [{"coveredResources": ["cpu"],
+                                "flavors": [{"name": flavor, "resources": quota}]}],
+        }  # fmt: skip
+        docs += [
+            {"apiVersion": KUEUE, "kind": "ClusterQueue",
+             "metadata": {"name": f"cq-{side}-{ns}"}, "spec": spec},
+            {"apiVersion": KUEUE, "kind": "LocalQueue",
+             "metadata": {"name": f"lq-{side}", "namespace": ns},
+             "spec": {"clusterQueue": f"cq-{side}-{ns}"}},
+        ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    cluster.create(queued_job("borrower", "lq-a", replicas=4, minReplicas=2), ns)
+    wait_for(partial(running, cluster, ns, "borrower", 4), 90, "the borrower at 4")
+    launcher = cluster.obj("Pod", ns, "borrower-launcher")["metadata"]["uid"]
+    seen: set[str | None] = set()
+
+    def shrunk() -> bool:
+        seen.add(cluster.phase(ns, "borrower"))
+        return running(cluster, ns, "lender", 2) and running(cluster, ns, "borrower", 2)
+
+    cluster.create(queued_job("lender", "lq-b"), ns)
+    wait_for(shrunk, 90, "the lender running, the borrower at 2")
+    assert seen <= {"Running", "Scaling"}, seen
+    assert cluster.obj("Pod", ns, "borrower-launcher")["metadata"]["uid"] == launcher
+    cluster.wait_event(ns, "borrower", "QuotaReclaimed", "Normal")
+
+
 def surplus_pod(cluster: Cluster, ns: str, pod: str) -> bool:
     labels = cluster.obj("Pod", ns, pod)["metadata"].get("labels") or {}
     return labels.get("etoperator.kai.alibabacloud.com/surplus") == "true"

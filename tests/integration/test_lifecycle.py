@@ -203,7 +203,8 @@ def test_suspend_and_resume(cluster: Cluster, ns: str) -> None:
     cluster.api.patch("TrainingJob", ns, "sus", {"metadata": {"annotations": {ann: "true"}}})
     wait_for(lambda: cluster.phase(ns, "sus") == "Suspended", 10)
     wait_for(lambda: cluster.pods(ns, "sus") == [], 10, "all pods deleted")
-    assert cluster.hosts(ns, "sus") == []
+    # Emptied once the launcher is gone (the training could save until then).
+    wait_for(lambda: cluster.hosts(ns, "sus") == [], 10, "the host list emptied")
     cluster.api.patch("TrainingJob", ns, "sus", {"metadata": {"annotations": {ann: None}}})
     wait_for(lambda: cluster.phase(ns, "sus") == "Running", 20, "resumed")
     assert cluster.hosts(ns, "sus") == ["sus-worker-2", "sus-worker-3"]

@@ -96,3 +96,24 @@ def test_a_save_reported_by_a_launcher_already_gone_reaches_the_status() -> None
         inp(jspec(), running_status([0, 1]), []), saved="step=7 t=1767268800.0"
     )
     assert plan_job(gone).status.last_saved == {"step": 7, "time": "2026-01-01T12:00:00Z"}
+
+
+def test_a_stop_keeps_the_host_list_until_the_launcher_is_gone() -> None:
+    """The stop published an empty host list with its deletes: Horovod's discovery ended the
+    training before the launcher's preStop asked it to save (a Kueue eviction right after a
+    shrink lost the steps since the last commit)."""
+    import dataclasses
+
+    from etoperator.planning import plan_job
+    from tests.unit.test_planning import inp, jspec, launcher, running_status, w
+
+    spec = dataclasses.replace(jspec(), suspended=True)
+    pods = [w(0), w(1), launcher()]
+    published = ["j-worker-0", "j-worker-1"]
+    stop = plan_job(
+        dataclasses.replace(inp(spec, running_status([0, 1]), pods), published=published)
+    )
+    assert sorted(stop.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
+    assert stop.hosts is None  # Horovod still trains on them: the save comes first
+    gone = plan_job(dataclasses.replace(inp(spec, stop.status, []), published=published))
+    assert gone.hosts == []
