@@ -115,8 +115,8 @@ def training_job(name: str, ns: str) -> dict[str, Any]:
 def q3(tmp: Path, seconds: float = 360.0, every: float = 90.0) -> list[Row]:
     """Goodput under a trace: the job trains `seconds` undisturbed, then `seconds` again while
     a job of higher priority takes its surplus every `every` seconds for half of it, one
-    worker is SIGKILLed a third in and the job is suspended and resumed once, half-way (a whole stop, as an
-    eviction of its core is). Useful work is worker-steps kept (each step counted once, at the
+    worker is SIGKILLed a third in and the job is suspended and resumed half-way (a whole
+    stop, as an eviction of its core is). Useful work is worker-steps kept (each step counted once, at the
     size it was last taken at: a step taken again after a rollback counts once, the time it
     took again is lost): goodput = useful work a second under the trace over the undisturbed
     rate at the job's full size (a shrink gives work back by design; what is lost beyond that
