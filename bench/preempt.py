@@ -116,12 +116,13 @@ def q3(tmp: Path, seconds: float = 360.0, every: float = 90.0) -> list[Row]:
     """Goodput under a trace: the job trains `seconds` undisturbed, then `seconds` again while
     a job of higher priority takes its surplus every `every` seconds for half of it, one
     worker is SIGKILLed a third in and the job is suspended and resumed half-way (a whole
-    stop, as an eviction of its core is). Useful work is worker-steps kept (each step counted once, at the
-    size it was last taken at: a step taken again after a rollback counts once, the time it
-    took again is lost): goodput = useful work a second under the trace over the undisturbed
-    rate at the job's full size (a shrink gives work back by design; what is lost beyond that
-    is the cost of the changes). Also the steps lost to the whole stop (the last step seen
-    before it less the one resumed from: 0 when the save handshake holds)."""
+    stop, as an eviction of its core is). Useful work is worker-steps kept (each step counted
+    once, at the size it was last taken at: a step taken again after a rollback counts once,
+    the time it took again is lost): useful work a second under the trace over the
+    undisturbed rate at the job's full size, and over the size it was given (a shrink gives
+    work back by design; what is lost beyond that is the cost of the changes). Also the steps
+    lost to the whole stop (the last step seen before it less the one resumed from: 0 when the
+    save handshake holds)."""
     c = start_real(tmp, nodes=2, kueue=True)
     try:
         ns = c.new_namespace()
