@@ -118,7 +118,8 @@ def main() -> None:
 
     state.register_reset_callbacks([on_reset])
     load(args.checkpoint_dir, state)
-    requests = SaveRequests(args.checkpoint_dir if hvd.rank() == 0 else "")
+    # Every rank watches (rank 0 answers): after a reset another process may be rank 0.
+    requests = SaveRequests(args.checkpoint_dir)
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> None:
@@ -140,7 +141,7 @@ def main() -> None:
                 state.commit()
                 if hvd.rank() == 0 and args.checkpoint_dir:
                     save(args.checkpoint_dir, state)
-            if requests.asked():  # the run is about to stop: save this step, train no further
+            if hvd.rank() == 0 and requests.asked():  # the run stops: save this step, no more
                 save(args.checkpoint_dir, state)
                 requests.report(state.step)
                 print(f"SAVED step={state.step}", flush=True)
