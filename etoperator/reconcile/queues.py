@@ -222,12 +222,11 @@ class Queues:
             view = dataclasses.replace(view, growing_why=unmade)
         if not view.admitted_workers or view.evicted:
             return view
-        core = [b for b in obs.workloads if not wl.is_surplus(b)]
-        placement = self.placement(order(core)[0][0])
-        extra = order([b for b in obs.workloads if wl.is_surplus(b)])[0]
-        if extra and view.surplus is not None and view.surplus.admitted_workers:
+        core, extra = families(obs.workloads)
+        placement = self.placement(core) if core is not None else {}
+        if extra is not None and view.surplus is not None and view.surplus.admitted_workers:
             # Its workers are placed by the surplus's own flavors.
-            where = self.placement(extra[0]).get(wl.WORKER_SET)
+            where = self.placement(extra).get(wl.WORKER_SET)
             if where is not None:
                 placement[wl.SURPLUS_SET] = where
         return dataclasses.replace(view, placement=placement)
