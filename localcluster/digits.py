@@ -86,12 +86,30 @@ def static(epochs: int, ranks: int = 2, samples: Path | None = None, elastic: bo
         ]  # fmt: skip
         if samples is not None:
             cmd += ["--log-samples", str(samples)]
-        # Its ranks weigh as the processes they are, as a job's pods do on their nodes.
-        with procs.cpus_of_their_own("static-run", ranks) as join:
-            out = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=900, preexec_fn=join,
-                env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
-            )  # fmt: skip
+        return alone(cmd, ranks)
+
+
+def static_torchrun(epochs: int, ranks: int = 1) -> Run:
+    """The Torchrun script (examples/torchrun/digits.py) under plain `torchrun --standalone`
+    on this machine: no operator, no resizes, its checkpoints in a directory of its own."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [
+            str(Path(sys.executable).parent / "torchrun"), "--standalone",
+            f"--nproc-per-node={ranks}", str(ROOT / "examples/torchrun/digits.py"),
+            "--epochs", str(epochs), "--checkpoints", d,
+        ]  # fmt: skip
+        return alone(cmd, ranks)
+
+
+def alone(cmd: list[str], ranks: int) -> Run:
+    """`cmd` run to its end, its ranks weighing as the processes they are (as a job's pods do
+    on their nodes)."""
+    venv = Path(sys.executable).parent
+    with procs.cpus_of_their_own("static-run", ranks) as join:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=900, preexec_fn=join,
+            env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return Run(out.stdout)
 

@@ -12,6 +12,7 @@ from localcluster.world import World, wait_for
 SAMPLE = 0.3  # seconds between reads of the workers' logs
 START = re.compile(r"START size=(\d+) restarts=(\d+)")
 STEP = re.compile(r"STEP (\d+) size=(\d+) loss=[\d.]+ first=(\d+) t=([\d.]+)")
+ENDS = re.compile(r"^(?:EPOCH|DONE) .*$", re.M)  # examples/torchrun/digits.py's
 
 
 @dataclass
@@ -25,6 +26,10 @@ class Seen:
         return max(self.steps, key=lambda s: s[3]) if self.steps else None
 
 
+def _when(line: str) -> float:
+    return float(line.rsplit("t=", 1)[1]) if " t=" in line else float("inf")  # DONE: last
+
+
 class Logbook:
     """Every line rank 0 printed, kept across reads: a worker's log goes with its pod (rank 0
     may be the one a ScaleIn takes), so the logs are read every SAMPLE seconds all along the
@@ -34,6 +39,7 @@ class Logbook:
         self.cluster, self.ns, self.job = cluster, ns, job
         self.starts: set[tuple[str, int, int, int]] = set()
         self.steps: set[tuple[int, int, int, float]] = set()
+        self.ends: set[str] = set()
         self.lock = threading.Lock()
         self.reads, self.failed = 0, ""
         self.done = threading.Event()
@@ -59,8 +65,14 @@ class Logbook:
             found = START.findall(text)
             self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
             self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
+            self.ends |= set(ENDS.findall(text))
         starts = [(a, b) for _, _, a, b in sorted(self.starts)]
         return Seen(starts, sorted(self.steps, key=lambda x: x[3]))
+
+    def epochs(self) -> str:
+        """The digits script's EPOCH lines in their order, then its DONE line."""
+        with self.lock:
+            return "\n".join(sorted(self.ends, key=_when))
 
     def trains_at(self, size: int, after: float) -> Seen | None:
         """Rank 0 has taken a few steps at `size` since `after`."""

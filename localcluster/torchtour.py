@@ -1,7 +1,7 @@
 """The tour of a Torchrun job (`make demo ARGS=--runtime=Torchrun`): examples/torchrun/ as a
-user runs it (ScaleOut +2, ScaleIn by name, `kubectl scale`, a killed worker, to Succeeded),
-each resize timed from its request to rank 0's first step at the new size, read from the
-workers' logs all along (torchlogs.Logbook)."""
+user runs it (the digits under torchrun: ScaleOut +2, ScaleIn by name, `kubectl scale`, a
+killed worker, to Succeeded), each resize timed from its request to rank 0's first step at
+the new size, read from the workers' logs all along (torchlogs.Logbook)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from localcluster.torchlogs import Logbook, Seen
+from localcluster import digits
+from localcluster.torchlogs import Logbook
 from localcluster.tour import (
     ROOT,
     TRANSITION_TIMEOUT,
@@ -28,11 +29,17 @@ JOB = "torchrun-training"
 EXAMPLES = ROOT / "examples" / "torchrun"
 
 
+def example(extra: list[str]) -> dict[str, Any]:
+    """The example job, `extra` arguments added to its script's."""
+    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / "training_job.yaml").read_text())
+    doc["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] += extra
+    return doc
+
+
 def example_arg(name: str) -> int:
     """A number the example job passes its script (`--name=N`)."""
-    doc = yaml.safe_load((EXAMPLES / "training_job.yaml").read_text())
-    argv = doc["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"]
-    return int(next(a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")))
+    argv = example([])["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    return int(next(a.split("=", 1)[1] for a in argv["command"] if a.startswith(f"--{name}=")))
 
 
 @dataclass
@@ -73,9 +80,10 @@ class TorchrunTour:
         )
         return t - t0
 
-    def run(self, to_the_end: bool = True) -> dict[str, float]:
-        """The tour; `to_the_end`: then wait for the job to succeed (minutes more)."""
-        self.kubectl("create", "-f", str(EXAMPLES / "training_job.yaml"))
+    def run(self, to_the_end: bool = True, extra: tuple[str, ...] = ()) -> dict[str, float]:
+        """The tour; `to_the_end`: then wait for the job to succeed (a minute or two more);
+        `extra`: arguments added to the example script's."""
+        self.kubectl("create", "-f", "-", input=yaml.safe_dump(example(list(extra))))
         self.book.wait_at(2, 0, 240 * self.slow)
         self.say(
             "training on 2 workers (each runs torchrun's agent; the launcher holds the rendezvous)"
@@ -106,13 +114,19 @@ class TorchrunTour:
     def workers(self) -> list[str]:
         return list(self.status("TrainingJob", JOB).get("currentWorkers") or [])
 
-    def finish(self) -> None:
-        """The job succeeds with every step taken; the kill was torchrun's one failure."""
+    def finish(self) -> digits.Run:
+        """The job succeeds with every epoch trained; the kill was torchrun's one failure."""
         wait_for(lambda: self.phase() in ("Succeeded", "Failed"), 600 * self.slow, "the job's end")
-        seen: Seen = self.book.read()
-        steps = example_arg("steps")
+        seen = self.book.read()
+        ran = digits.Run(self.book.epochs())
+        epochs = example_arg("epochs")
         check(self.phase() == "Succeeded", f"job phase {self.phase()}")
-        check(set(range(1, steps + 1)) <= {s for s, *_ in seen.steps}, "a step never taken")
+        check({e.n for e in ran.epochs} == set(range(epochs)), f"an epoch missing: {ran.text}")
+        check(ran.accuracy is not None, f"no DONE line: {ran.text[-500:]}")
         check(max(r for _, r in seen.starts) == 1, f"the kill is one restart: {seen.starts}")
         scalers_succeeded(self.kubectl)
-        self.say(f"job Succeeded: all {steps} steps taken, resumed from checkpoints")
+        self.say(
+            f"job Succeeded: {epochs} epochs, test accuracy {ran.accuracy}, each resize resumed "
+            "from a checkpoint"
+        )
+        return ran

@@ -13,6 +13,7 @@ again and count only once. Graceful resizes happen at a commit and lose nothing.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,3 +93,23 @@ def coverage(batches: list[Batch], dataset_size: int) -> Coverage:
         result.missed[epoch] = len(set(range(dataset_size)) - set(seen))
         result.repeated[epoch] = sum(n - 1 for n in seen.values())
     return result
+
+
+def resumed(batches: list[Batch], dataset_size: int) -> tuple[Coverage, list[Batch]]:
+    """The Torchrun digits script's lines (examples/torchrun/digits.py), read by `read`: there
+    `commit` is the batch's position in its epoch's order and `attempt` its process's start (ms).
+    Each run resumes from a checkpoint: a batch is lost (its update not in any later run's
+    model) when a process started after it trained resumed at or before its place. The
+    coverage counts the batches kept; the lost ones are returned beside it."""
+    firsts: dict[int, tuple[int, int]] = {}
+    for b in batches:
+        firsts[b.attempt] = min(firsts.get(b.attempt, (b.epoch, b.commit)), (b.epoch, b.commit))
+    lost = [
+        b
+        for b in batches
+        if any(start / 1000 > b.t and at <= (b.epoch, b.commit) for start, at in firsts.items())
+    ]
+    kept = [b for b in batches if b not in lost]
+    result = coverage([dataclasses.replace(b, attempt=0) for b in kept], dataset_size)
+    result.lost_samples = sum(len(b.indices) for b in lost)
+    return result, lost
