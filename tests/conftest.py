@@ -71,21 +71,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # processes (`JOBS=4`) took 12.7 min where three took 13.5-14 (stop 57, the same tree: the
 # suite waits more than it computes). Kept apart: test_rbac.py (b: it reads its operator's
 # every request in the cluster's audit log) and test_lifecycle.py (c: it runs operators with
-# more rights); the crash at every write is four tests over a, b and c; the slow joiner's test
+# more rights); the crash at every write is three tests over a and c; the slow joiner's test
 # trains, but mostly waits (its worker sleeps 40 s before starting): b. test_horovod's two
 # short trainings (across two nodes, a drain) went to a part once: at its priority they took
 # twice as long, and beside the training process two trainings at once slowed both past their
 # bounds. test_torchrun.py's trainings are light (a step every 0.1 s, two to four ranks).
 # Unit modules go anywhere.
 TRAINING = {"tests/integration/test_horovod.py"}
-# By stop 57's junit sums, 500-590 s each.
+# By the junit sums of a fresh clone's run (`make groups`), 780-810 s each beside the training
+# (900): a holds the Torchrun trainings, b Kueue's and the RBAC audit, c the scaling paths.
 INTEGRATION = {
-    "a": {"test_torchrun.py", "test_crash.py", "test_kueue.py", "test_operations.py"},
+    "a": {"test_torchrun.py", "test_crash.py", "test_operations.py"},
     "c": {"test_gangs.py", "test_lifecycle.py", "test_scaling.py", "test_robustness.py"},
 }  # the rest: b
 TO_PART = {
-    "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_scale_is_harmless"
-    "[kubectl scale up and down]": "b",
     "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_"
     "harmless": "c",
     "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains"
