@@ -5,7 +5,8 @@ the operator deployed from deploy/, real torchrun, the volume from the local-pat
 
 Each round at 4 workers: ScaleIn by count (4 -> 3), ScaleOut +1 (3 -> 4), a worker SIGKILLed
 (4 -> 3; not replaced), `kubectl scale` back to 4, `kubectl drain` of a worker's node (an
-eviction, 4 -> 3), `kubectl scale` back to 4. Horovod's figures under etoperator are P4's.
+eviction, 4 -> 3), `kubectl scale` back to 4. The same rounds for a Horovod job under
+etoperator (examples/training_job.yaml at 4 workers, its launcher's log) in the same run.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.common import Row, pct
+from bench.training import long_example
 from etoperator.naming import ANN_TORCHRUN_PLAIN
 from localcluster.manifests import scalein, scaleout, torchrun_job
 from localcluster.torchlogs import Logbook
+from localcluster.tour import Training
 from localcluster.world import Chain, start_chain, wait_for
 
 JOB = "t1"
@@ -27,20 +31,53 @@ KINDS = ("ScaleIn", "ScaleOut", "kill", "drain", "kubectl scale")
 GOAL = 10.0  # seconds, every figure under etoperator at 4 workers (p95)
 
 
+FirstAt = Callable[[int, float], float | None]  # (size, after) -> rank 0's first step then
+Took = dict[str, list[float]]
+
+
 def t1(tmp: Path, rounds: int) -> list[Row]:
     c = start_chain(tmp / "chain", nodes=2)
     try:
-        ours = measure(c, rounds, plain=False)
-        theirs = measure(c, rounds, plain=True)
+        horovod = measure(c, rounds, horovod_body(), horovod_steps)  # the shortest first
+        ours = measure(c, rounds, torchrun_body(plain=False), torchrun_steps)
+        theirs = measure(c, rounds, torchrun_body(plain=True), torchrun_steps)
     finally:
         c.stop()
-    return rows(ours, theirs, rounds)
+    return rows(ours, theirs, horovod, rounds)
 
 
-def rows(ours: dict[str, list[float]], theirs: dict[str, list[float]], rounds: int) -> list[Row]:
+def torchrun_body(plain: bool) -> dict[str, Any]:
+    body = torchrun_job(JOB, SIZE, ARGS, minReplicas=1, maxReplicas=SIZE + 2)
+    # Time is measured, not the restart budget: torchrun as it is counts every change a
+    # failure (its job failed after four), and each round kills a worker.
+    body["spec"]["elasticPolicy"] = {"maxRestarts": 1000}
+    if plain:
+        body["metadata"]["annotations"] = {ANN_TORCHRUN_PLAIN: "true"}
+    return body
+
+
+def horovod_body() -> dict[str, Any]:
+    body = long_example(SIZE)
+    body["metadata"]["name"] = JOB
+    body["spec"]["etReplicaSpecs"]["worker"]["maxReplicas"] = SIZE + 2
+    return body
+
+
+def torchrun_steps(c: Chain, ns: str) -> tuple[FirstAt, Callable[[], None]]:
+    """Rank 0's steps, read from the workers' logs all along; and how to stop reading."""
+    book = Logbook(c, ns, JOB)
+    return book.first_at, book.done.set
+
+
+def horovod_steps(c: Chain, ns: str) -> tuple[FirstAt, Callable[[], None]]:
+    """Rank 0's steps, from the launcher's log (horovodrun gathers every rank's output)."""
+    return Training(lambda: c.pod_log(ns, f"{JOB}-launcher")).first_step_at, lambda: None
+
+
+def rows(ours: Took, theirs: Took, horovod: Took, rounds: int) -> list[Row]:
     out: list[Row] = []
     for kind in KINDS:
-        a, b = ours[kind], theirs[kind]
+        a, b, h = ours[kind], theirs[kind], horovod[kind]
         speedup = pct(b, 0.5) / pct(a, 0.5) if a and b and pct(a, 0.5) else 0.0
         goal = f"<= {GOAL:.0f} s at p95" + (
             "; >= 3x torchrun's" if kind in ("ScaleIn", "kill") else ""
@@ -51,6 +88,7 @@ def rows(ours: dict[str, list[float]], theirs: dict[str, list[float]], rounds: i
         out.append(
             ("T1", f"... torchrun as it is ({len(b)}): {speedup:.1f}x slower", spread(b), "")
         )
+        out.append(("T1", f"... Horovod under etoperator ({len(h)})", spread(h), ""))
     out.append(("T1", f"rounds at {SIZE} workers", str(rounds), ">= 10 for the goal"))
     return out
 
@@ -59,32 +97,28 @@ def spread(v: list[float]) -> str:
     return f"p50 {pct(v, 0.5):.2f}s, p95 {pct(v, 0.95):.2f}s" if v else "none"
 
 
-def measure(c: Chain, rounds: int, plain: bool) -> dict[str, list[float]]:
+def measure(
+    c: Chain, rounds: int, body: dict[str, Any], steps: Callable[[Chain, str], tuple[FirstAt, Any]]
+) -> Took:
     ns = c.new_namespace()
-    body = torchrun_job(JOB, SIZE, ARGS, minReplicas=1, maxReplicas=SIZE + 2)
-    # Time is measured, not the restart budget: torchrun as it is counts every change a
-    # failure (its job failed after four), and each round kills a worker.
-    body["spec"]["elasticPolicy"] = {"maxRestarts": 1000}
-    if plain:
-        body["metadata"]["annotations"] = {ANN_TORCHRUN_PLAIN: "true"}
     c.create(body, ns)
-    book = Logbook(c, ns, JOB)
-    took: dict[str, list[float]] = {k: [] for k in KINDS}
+    first_at, stop_reading = steps(c, ns)
+    took: Took = {k: [] for k in KINDS}
     try:
-        wait_for(lambda: book.first_at(SIZE, 0), 300, f"training at {SIZE}", 0.5)
+        wait_for(lambda: first_at(SIZE, 0), 300, f"training at {SIZE}", 0.5)
         for r in range(rounds):
-            one_round(c, ns, book, r, took)
+            one_round(c, ns, first_at, r, took)
     finally:
-        book.done.set()
+        stop_reading()
         c.delete_namespace(ns)
     return took
 
 
-def one_round(c: Chain, ns: str, book: Logbook, r: int, took: dict[str, list[float]]) -> None:
+def one_round(c: Chain, ns: str, first_at: FirstAt, r: int, took: Took) -> None:
     def timed(kind: str, size: int, act: Callable[[], object]) -> None:
         t0 = time.time()
         act()
-        t = wait_for(lambda: book.first_at(size, t0), 300, f"{kind}: training at {size}", 0.2)
+        t = wait_for(lambda: first_at(size, t0), 300, f"{kind}: training at {size}", 0.2)
         assert t is not None
         took[kind].append(t - t0)
 
@@ -95,7 +129,8 @@ def one_round(c: Chain, ns: str, book: Logbook, r: int, took: dict[str, list[flo
     timed("drain", SIZE - 1, lambda: drain(c, ns, workers(c, ns)[-1]))
     c.kubectl("uncordon", *node_names(c))
     scale(c, ns, SIZE)
-    wait_for(lambda: book.first_at(SIZE, time.time() - 1), 300, "back at 4", 0.5)
+    back = time.time()
+    wait_for(lambda: first_at(SIZE, back), 300, "back at 4", 0.5)
 
 
 def workers(c: Chain, ns: str) -> list[str]:

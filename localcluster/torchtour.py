@@ -36,10 +36,12 @@ def example(extra: list[str]) -> dict[str, Any]:
     return doc
 
 
-def example_arg(name: str) -> int:
-    """A number the example job passes its script (`--name=N`)."""
-    argv = example([])["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    return int(next(a.split("=", 1)[1] for a in argv["command"] if a.startswith(f"--{name}=")))
+def example_arg(name: str, extra: tuple[str, ...] = ()) -> int:
+    """A number the example job passes its script (`--name=N`; the last given, as argparse
+    takes it), with `extra` arguments added."""
+    c = example(list(extra))["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"]
+    given = [a.split("=", 1)[1] for a in c[0]["command"] if a.startswith(f"--{name}=")]
+    return int(given[-1])
 
 
 @dataclass
@@ -49,6 +51,7 @@ class TorchrunTour:
     kill_worker: Callable[[str], object]
     status: Callable[[str, str], dict[str, Any]]  # an object's status, by kind and name
     slow: float = 1.0  # timeout multiplier
+    extra: tuple[str, ...] = ()  # arguments added to the example script's (run's)
     say: Callable[[str], None] = print
 
     def phase(self, kind: str = "TrainingJob", name: str = JOB) -> str:
@@ -73,7 +76,8 @@ class TorchrunTour:
         first = next(x for x in seen.steps if x[3] == t)
         last = max((x for x in seen.steps if x[3] < t), key=lambda x: x[3])  # the old size's
         back = last[0] - (first[0] - 1)
-        check(0 <= back <= example_arg("save-every"), f"{what}: step {last[0]}, then {first}")
+        saves = example_arg("save-every", self.extra)
+        check(0 <= back <= saves, f"{what}: step {last[0]}, then {first}")
         self.say(
             f"{what}: first step at size {size} after {t - t0:.2f}s (step {first[0]}: "
             f"{back} step(s) taken again from the checkpoint)"
@@ -83,6 +87,7 @@ class TorchrunTour:
     def run(self, to_the_end: bool = True, extra: tuple[str, ...] = ()) -> dict[str, float]:
         """The tour; `to_the_end`: then wait for the job to succeed (a minute or two more);
         `extra`: arguments added to the example script's."""
+        self.extra = extra
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(example(list(extra))))
         self.book.wait_at(2, 0, 240 * self.slow)
         self.say(
@@ -119,7 +124,7 @@ class TorchrunTour:
         wait_for(lambda: self.phase() in ("Succeeded", "Failed"), 600 * self.slow, "the job's end")
         seen = self.book.read()
         ran = digits.Run(self.book.epochs())
-        epochs = example_arg("epochs")
+        epochs = example_arg("epochs", self.extra)
         check(self.phase() == "Succeeded", f"job phase {self.phase()}")
         check({e.n for e in ran.epochs} == set(range(epochs)), f"an epoch missing: {ran.text}")
         check(ran.accuracy is not None, f"no DONE line: {ran.text[-500:]}")

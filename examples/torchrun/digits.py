@@ -114,6 +114,92 @@ def sample_log(directory: str) -> IO[str] | None:
     return open(os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.log"), "a")
 
 
+class Run:
+    """This process's part of the run: its rank, the model and its checkpoint, its stops."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.train, self.x_test, self.y_test = data()
+        model = model_()
+        self.state = State(model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
+        self.state.load(args.checkpoints)
+        self.ddp = DistributedDataParallel(model)
+        self.requests = SaveRequests(args.checkpoints if self.rank == 0 else "")
+        self.log, self.started = sample_log(args.log_samples), int(time.time() * 1000)
+        signal.signal(signal.SIGTERM, self.stopped)
+
+    def save(self) -> None:
+        """Rank 0's save, reported to a save request (if any comes)."""
+        self.state.save(self.args.checkpoints)
+        self.requests.report(self.state.step)
+
+    def stop_now(self) -> None:
+        if self.rank == 0:
+            self.save()
+        sys.exit(128 + signal.SIGTERM)
+
+    def stopped(self, _signum: int, _frame: Any) -> None:
+        if self.state.busy:
+            self.state.stopping = True
+        else:
+            self.stop_now()
+
+    def step(self, order_: list[int]) -> None:
+        """One step: this rank's share of the batch at the epoch's position."""
+        s, x, y = self.state, *self.train.tensors
+        mine = share(order_, s.position, self.args.batch_size, self.rank, self.world)
+        s.busy = True
+        try:
+            loss = F.cross_entropy(self.ddp(x[mine]), y[mine])
+            s.opt.zero_grad()
+            loss.backward()
+        except RuntimeError:
+            s.busy = False
+            if s.stopping:
+                self.stop_now()
+            time.sleep(PEER_GRACE)  # a peer stopped: the agent's stop of this one comes
+            raise
+        if self.log is not None:
+            print(s.epoch, s.position, self.started, f"{time.time():.3f}", *mine,
+                  file=self.log, flush=True)  # fmt: skip
+        s.opt.step()
+        first, s.step = s.position, s.step + 1
+        s.position += min(self.args.batch_size * self.world, len(order_) - s.position)
+        if self.rank == 0:
+            said = f"STEP {s.step} size={self.world} loss={loss.item():.4f} first={first}"
+            print(f"{said} t={time.time():.3f}", flush=True)
+        self.step_ends()
+
+    def step_ends(self) -> None:
+        self.state.busy = False
+        if self.state.stopping:
+            self.stop_now()
+
+    def epoch(self) -> None:
+        s, args = self.state, self.args
+        for group in s.opt.param_groups:
+            group["lr"] = learning_rate(args.lr, self.world, s.epoch, args.epochs)
+        order_ = order(s.epoch, len(self.train))
+        steps = 0
+        while s.position < len(order_):
+            self.step(order_)
+            steps += 1
+            if self.rank == 0 and steps % args.save_every == 0:
+                s.save(args.checkpoints)
+            if self.rank == 0 and self.requests.asked():  # the run stops: save, go no further
+                self.save()
+                hold()
+            time.sleep(args.step_sleep)
+        if self.rank == 0:
+            acc = accuracy(s.model, self.x_test, self.y_test)
+            print(f"EPOCH {s.epoch} size={self.world} test_accuracy={acc:.4f} "
+                  f"t={time.time():.3f}", flush=True)  # fmt: skip
+        s.busy = True
+        s.epoch, s.position = s.epoch + 1, 0
+        self.step_ends()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=30)
@@ -122,92 +208,21 @@ def main() -> int:
     p.add_argument("--save-every", type=int, default=5, help="steps between checkpoints")
     p.add_argument("--checkpoints", default=os.environ.get("CHECKPOINT_DIR", "/checkpoints"))
     p.add_argument("--log-samples", default="", help="a directory: log the indices trained")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="a demo's pace (seconds)")
     args = p.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    train, x_test, y_test = data()
-    x_all, y_all = train.tensors
-    model = model_()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    state = State(model, opt)
-    state.load(args.checkpoints)
-    ddp = DistributedDataParallel(model)
+    run = Run(args)
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if rank == 0:
-        print(f"START size={world} restarts={restarts}", flush=True)
-    requests = SaveRequests(args.checkpoints if rank == 0 else "")
-    log, started = sample_log(args.log_samples), int(time.time() * 1000)
-
-    def save_now() -> None:
-        state.save(args.checkpoints)
-        requests.report(state.step)
-
-    def stop_now() -> None:
-        if rank == 0:
-            save_now()
-        sys.exit(128 + signal.SIGTERM)
-
-    def stopped(_signum: int, _frame: Any) -> None:
-        if state.busy:
-            state.stopping = True
-        else:
-            stop_now()
-
-    signal.signal(signal.SIGTERM, stopped)
-    while state.epoch < args.epochs:
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(args.lr, world, state.epoch, args.epochs)
-        order_ = order(state.epoch, len(train))
-        steps = 0
-        while state.position < len(order_):
-            mine = share(order_, state.position, args.batch_size, rank, world)
-            state.busy = True
-            try:
-                loss = F.cross_entropy(ddp(x_all[mine]), y_all[mine])
-                opt.zero_grad()
-                loss.backward()
-            except RuntimeError:
-                state.busy = False
-                if state.stopping:
-                    stop_now()
-                time.sleep(PEER_GRACE)  # a peer stopped: the agent's stop of this one comes
-                raise
-            if log is not None:
-                print(state.epoch, state.position, started, f"{time.time():.3f}", *mine,
-                      file=log, flush=True)  # fmt: skip
-            opt.step()
-            first = state.position
-            state.position += min(args.batch_size * world, len(order_) - state.position)
-            state.step += 1
-            if rank == 0:
-                said = f"STEP {state.step} size={world} loss={loss.item():.4f} first={first}"
-                print(f"{said} t={time.time():.3f}", flush=True)
-            state.busy = False
-            if state.stopping:
-                stop_now()
-            steps += 1
-            if rank == 0 and steps % args.save_every == 0:
-                state.save(args.checkpoints)
-            if rank == 0 and requests.asked():  # the run stops: save this step, go no further
-                save_now()
-                hold()
-        if rank == 0:
-            acc = accuracy(model, x_test, y_test)
-            print(f"EPOCH {state.epoch} size={world} test_accuracy={acc:.4f} t={time.time():.3f}",
-                  flush=True)  # fmt: skip
-        state.busy = True
-        state.epoch, state.position = state.epoch + 1, 0
-        state.busy = False
-        if state.stopping:
-            stop_now()
-    if rank == 0:
-        state.save(args.checkpoints)
-        print(
-            f"DONE epochs={args.epochs} size={world} "
-            f"test_accuracy={accuracy(model, x_test, y_test):.4f} resets={restarts}",
-            flush=True,
-        )
+    if run.rank == 0:
+        print(f"START size={run.world} restarts={restarts}", flush=True)
+    while run.state.epoch < args.epochs:
+        run.epoch()
+    if run.rank == 0:
+        run.state.save(args.checkpoints)
+        acc = accuracy(run.state.model, run.x_test, run.y_test)
+        print(f"DONE epochs={args.epochs} size={run.world} test_accuracy={acc:.4f} "
+              f"resets={restarts}", flush=True)  # fmt: skip
     dist.destroy_process_group()
     return 0
 
