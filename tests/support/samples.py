@@ -13,8 +13,7 @@ again and count only once. Graceful resizes happen at a commit and lose nothing.
 from __future__ import annotations
 
 import collections
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 Group = tuple[int, int]  # (epoch, commit)
@@ -104,12 +103,11 @@ def resumed(batches: list[Batch], dataset_size: int) -> tuple[Coverage, list[Bat
     firsts: dict[int, tuple[int, int]] = {}
     for b in batches:
         firsts[b.attempt] = min(firsts.get(b.attempt, (b.epoch, b.commit)), (b.epoch, b.commit))
-    lost = [
-        b
-        for b in batches
-        if any(start / 1000 > b.t and at <= (b.epoch, b.commit) for start, at in firsts.items())
-    ]
-    kept = [b for b in batches if b not in lost]
-    result = coverage([dataclasses.replace(b, attempt=0) for b in kept], dataset_size)
+    kept: list[Batch] = []
+    lost: list[Batch] = []
+    for b in batches:
+        redone = any(s / 1000 > b.t and at <= (b.epoch, b.commit) for s, at in firsts.items())
+        (lost if redone else kept).append(b)
+    result = coverage([replace(b, attempt=0) for b in kept], dataset_size)
     result.lost_samples = sum(len(b.indices) for b in lost)
     return result, lost
