@@ -20,6 +20,7 @@ can take the apiserver a second; the launcher waits for them)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +148,22 @@ def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list
     return writes
 
 
-# The writes before the statuses: what a job's pods need.
-BASICS_WRITES = (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)
-# The writes before the pass's events: the scalers' and the job's own objects.
-STATUS_WRITES = (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas)
+class Stage(enum.IntEnum):
+    BASICS = 0  # what a job's pods need: when one meets an object in the way, no child is made
+    STATUSES = 1  # the scalers' and the job's own objects, before the pass's events
+    CHILDREN = 2  # the job's pods and what goes with them, only when they may be touched
+
+
+STAGES: dict[type, Stage] = {
+    **dict.fromkeys((MakeBasics, MakeLauncherAccess, UpdateLauncherRole), Stage.BASICS),
+    **dict.fromkeys((AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas), Stage.STATUSES),
+    **dict.fromkeys(
+        (MakeGang, HostList, DeletePod, WorkerObjects, MakeLauncher, MakeScaler, QueueWrites),
+        Stage.CHILDREN,
+    ),
+}
+
+
+def staged(writes: list[Write], stage: Stage) -> list[Write]:
+    """The writes of one stage, in their order."""
+    return [w for w in writes if STAGES[type(w)] is stage]

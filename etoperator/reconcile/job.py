@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -19,37 +19,17 @@ from typing import Any
 from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api.fields import DEFAULT_MAX_WORKERS
-from etoperator.api.models import JobSpec
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
-from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.views import BasicsView
-from etoperator.planning.writes import (
-    BASICS_WRITES,
-    STATUS_WRITES,
-    AdoptScaler,
-    DeletePod,
-    HostList,
-    JobStatusWrite,
-    MakeBasics,
-    MakeGang,
-    MakeLauncher,
-    MakeLauncherAccess,
-    MakeScaler,
-    QueueWrites,
-    ScalerStatusWrite,
-    SpecReplicas,
-    UpdateLauncherRole,
-    WorkerObjects,
-    Write,
-    ordered,
-)
+from etoperator.planning.writes import JobStatusWrite, Stage, ordered, staged
 from etoperator.reconcile.children import Acted, Children
+from etoperator.reconcile.execute import Executor, Pass
 from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.observe import Observer, scaler_view
 from etoperator.reconcile.queues import Queues
@@ -107,6 +87,10 @@ class JobReconciler:
     clock: Callable[[], datetime] = utcnow
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
+    executor: Executor = field(init=False)  # every write of a pass goes through it
+
+    def __post_init__(self) -> None:
+        self.executor = Executor(self.kube, self.children, self.gangs, self.queues, self.writes)
 
     @classmethod
     def build(
@@ -279,7 +263,7 @@ class JobReconciler:
             if new is None:
                 return
             try:
-                self.run_status_writes(job, {}, [JobStatusWrite(new)])
+                self.executor.run(Pass(obs, None, Plan(new), job), JobStatusWrite(new))
                 break
             except Conflict:
                 job = self.kube.get(naming.JOB_KIND, meta["namespace"], meta["name"])
@@ -289,115 +273,33 @@ class JobReconciler:
             return
         self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
 
-    def write(
-        self, body: dict[str, Any], change: dict[str, Any], sub: str | None = None
-    ) -> dict[str, Any]:
-        """A patch preconditioned on the version `body` was read at (a 409 if anyone wrote in
-        between); until the cache shows the write, its copy of `body` counts as stale."""
-        meta = body["metadata"]
-        precondition = {**change.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}
-        new = self.kube.patch(
-            body["kind"], meta["namespace"], meta["name"], {**change, "metadata": precondition},
-            sub=sub,
-        )  # fmt: skip
-        if new["metadata"]["resourceVersion"] != meta["resourceVersion"]:  # not a no-op
-            self.writes.wrote(body)
-        else:
-            log.debug("No-op write kind=%s name=%s", body["kind"], meta["name"])
-        return new
-
     def act(self, obs: Observed, inp: JobInput, plan: Plan, took: dict[str, float]) -> None:
-        """The pass's writes (planning/writes.py), in their one order: the statuses, then the
-        pass's events, then the children; the scripts, off the pass."""
+        """The pass's writes (planning/writes.py), in their one order, stage by stage: the
+        basics, the statuses, then the pass's events, then the children; the scripts, off the
+        pass. Each write goes through the one executor."""
         spec = inp.spec
         queued = spec is not None and bool(spec.queue or obs.workloads)
         writes = ordered(plan, inp.status, spec is not None and not inp.hold,
                          queued)  # fmt: skip
-        basics = [w for w in writes if isinstance(w, BASICS_WRITES)]
-        statuses = [w for w in writes if isinstance(w, STATUS_WRITES)]
-        acted = Acted()
-        jid = job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])
+        p = Pass(obs, spec, plan, obs.job)
+        p.scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         with metrics.pass_step(took, "basics"):
-            for basic in basics:
-                acted.held += self.run_basics_write(obs, basic)
-            self._acted[jid] = acted
+            for w in staged(writes, Stage.BASICS):
+                self.executor.run(p, w)
+            self._acted[job_id(inp.namespace, inp.name, obs.job["metadata"]["uid"])] = p.acted
         with metrics.pass_step(took, "writes"):
-            scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
-            scalers = self.run_status_writes(obs.job, scalers, statuses)
+            for w in staged(writes, Stage.STATUSES):
+                self.executor.run(p, w)
             for kind, result, secs in plan.settled_scalers:
                 metrics.SCALES.labels(kind, result).inc()
                 metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
-            self.post_events(obs, inp, plan, scalers)
-        if spec is None or inp.hold or acted.held:
+            self.post_events(obs, inp, plan, p.scalers)
+        if spec is None or inp.hold or p.acted.held:
             return  # no child before its basics: the next pass says what is in their way
         with metrics.pass_step(took, "children"):
-            for w in writes[len(basics) + len(statuses) :]:
-                self.run_child_write(obs, spec, plan, w, acted)
+            for w in staged(writes, Stage.CHILDREN):
+                self.executor.run(p, w)
             self.scripts.run(obs, plan)
-
-    def run_basics_write(self, obs: Observed, w: Write) -> list[str]:
-        """One write of what the job's pods need; what was in the way."""
-        if isinstance(w, MakeBasics):
-            return self.children.make_basics(obs, w.secret, w.config_map)
-        if isinstance(w, MakeLauncherAccess):
-            self.children.make_launcher_access(obs, w.objects)
-        elif isinstance(w, UpdateLauncherRole):
-            self.children.update_launcher_role(obs)
-        return []
-
-    def run_status_writes(
-        self,
-        job: dict[str, Any],
-        scalers: dict[tuple[str, str], dict[str, Any]],
-        writes: Sequence[Write],
-    ) -> dict[tuple[str, str], dict[str, Any]]:
-        """Scalers adopted and their statuses (frozen plans first), the job status, the spec
-        replicas it accepted; each preconditioned on the version read (a 409 ends the pass).
-        Returns the scalers by (kind, name) as last written (adopted) or read."""
-        scalers = dict(scalers)
-        latest = job
-        for w in writes:
-            if isinstance(w, AdoptScaler):
-                refs = scalers[w.kind_name]["metadata"].get("ownerReferences") or []
-                owner = Owner(naming.JOB_KIND, job["metadata"]["name"], job["metadata"]["uid"])
-                others = [r for r in refs if not r.get("controller")]
-                change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
-                scalers[w.kind_name] = self.write(scalers[w.kind_name], change)
-            elif isinstance(w, ScalerStatusWrite):
-                old = scalers[w.kind_name].get("status") or {}
-                change = {"status": merge_patch(old, w.status.to_dict())}
-                self.write(scalers[w.kind_name], change, "status")
-            elif isinstance(w, JobStatusWrite):
-                change = {"status": merge_patch(job.get("status") or {}, w.status.to_dict())}
-                latest = self.write({**job, "kind": naming.JOB_KIND}, change, sub="status")
-            elif isinstance(w, SpecReplicas):
-                replicas = {"worker": {"replicas": w.replicas}}
-                self.write(
-                    {**latest, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}}
-                )
-        return scalers
-
-    def run_child_write(
-        self, obs: Observed, spec: JobSpec, plan: Plan, w: Write, acted: Acted
-    ) -> None:
-        """One write of the job's children; what stood in the way goes into `acted` (said on
-        the job by its next pass)."""
-        if isinstance(w, MakeGang):
-            self.gangs.make(spec)
-        elif isinstance(w, HostList):
-            self.children.publish(obs, spec, w.hosts)
-        elif isinstance(w, DeletePod):
-            self.children.delete_pod(obs, spec, w.name, w.now)
-        elif isinstance(w, WorkerObjects):
-            made = self.children.worker_objects(obs, spec, plan, w.services, w.indices)
-            acted.problems += made.problems
-            acted.squatted += made.squatted
-        elif isinstance(w, MakeLauncher):
-            acted.problems += self.children.launcher(obs, spec, plan)
-        elif isinstance(w, MakeScaler):
-            acted.problems += self.children.create_replicas_scaler(obs, spec, w.wanted)
-        elif isinstance(w, QueueWrites):
-            acted.problems += self.queues.act(obs, spec, plan)
 
     def post_events(
         self,

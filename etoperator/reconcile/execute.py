@@ -1,0 +1,165 @@
+"""The one executor of a pass's writes (planning/writes.py says their order and why): a table
+from each write's type to the method that makes it. Every write the pass makes goes through
+`run`; the stage a write belongs to (planning/writes.py `stage`) is all JobReconciler.act
+needs to know about it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from etoperator import naming
+from etoperator.api.models import JobSpec
+from etoperator.builders.common import Owner
+from etoperator.cache import Observed
+from etoperator.kube import Kube
+from etoperator.planning.views import Plan
+from etoperator.planning.writes import (
+    AdoptScaler,
+    DeletePod,
+    HostList,
+    JobStatusWrite,
+    MakeBasics,
+    MakeGang,
+    MakeLauncher,
+    MakeLauncherAccess,
+    MakeScaler,
+    QueueWrites,
+    ScalerStatusWrite,
+    SpecReplicas,
+    UpdateLauncherRole,
+    WorkerObjects,
+    Write,
+)
+from etoperator.reconcile.children import Acted, Children
+from etoperator.reconcile.gangs import Gangs
+from etoperator.reconcile.queues import Queues
+from etoperator.reconcile.state import Writes, merge_patch
+
+log = logging.getLogger(__name__)
+Scalers = dict[tuple[str, str], dict[str, Any]]
+
+
+@dataclass
+class Pass:
+    """What one pass's writes share: what was observed and planned, what acting met (said on
+    the job by its next pass), and the objects as last written (a later write preconditions
+    on the version an earlier one left)."""
+
+    obs: Observed
+    spec: JobSpec | None
+    plan: Plan
+    job: dict[str, Any]
+    scalers: Scalers = field(default_factory=dict)
+    acted: Acted = field(default_factory=Acted)
+
+
+@dataclass
+class Executor:
+    kube: Kube
+    children: Children
+    gangs: Gangs
+    queues: Queues
+    writes: Writes
+    table: dict[type, Callable[[Pass, Any], None]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.table = {
+            MakeBasics: self.make_basics,
+            MakeLauncherAccess: self.make_access,
+            UpdateLauncherRole: self.update_role,
+            AdoptScaler: self.adopt_scaler,
+            ScalerStatusWrite: self.scaler_status,
+            JobStatusWrite: self.job_status,
+            SpecReplicas: self.spec_replicas,
+            MakeGang: self.make_gang,
+            HostList: self.host_list,
+            DeletePod: self.delete_pod,
+            WorkerObjects: self.worker_objects,
+            MakeLauncher: self.make_launcher,
+            MakeScaler: self.make_scaler,
+            QueueWrites: self.queue_writes,
+        }
+
+    def run(self, p: Pass, w: Write) -> None:
+        self.table[type(w)](p, w)
+
+    def write(
+        self, body: dict[str, Any], change: dict[str, Any], sub: str | None = None
+    ) -> dict[str, Any]:
+        """A patch preconditioned on the version `body` was read at (a 409 if anyone wrote in
+        between); until the cache shows the write, its copy of `body` counts as stale."""
+        meta = body["metadata"]
+        precondition = {**change.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}
+        new = self.kube.patch(
+            body["kind"], meta["namespace"], meta["name"], {**change, "metadata": precondition},
+            sub=sub,
+        )  # fmt: skip
+        if new["metadata"]["resourceVersion"] != meta["resourceVersion"]:  # not a no-op
+            self.writes.wrote(body)
+        else:
+            log.debug("No-op write kind=%s name=%s", body["kind"], meta["name"])
+        return new
+
+    # The basics: what stood in the way holds the pass's children back.
+    def make_basics(self, p: Pass, w: MakeBasics) -> None:
+        p.acted.held += self.children.make_basics(p.obs, w.secret, w.config_map)
+
+    def make_access(self, p: Pass, w: MakeLauncherAccess) -> None:
+        self.children.make_launcher_access(p.obs, w.objects)
+
+    def update_role(self, p: Pass, w: UpdateLauncherRole) -> None:
+        self.children.update_launcher_role(p.obs)
+
+    # The statuses, each preconditioned on the version read (a 409 ends the pass).
+    def adopt_scaler(self, p: Pass, w: AdoptScaler) -> None:
+        refs = p.scalers[w.kind_name]["metadata"].get("ownerReferences") or []
+        meta = p.job["metadata"]
+        owner = Owner(naming.JOB_KIND, meta["name"], meta["uid"])
+        others = [r for r in refs if not r.get("controller")]
+        change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
+        p.scalers[w.kind_name] = self.write(p.scalers[w.kind_name], change)
+
+    def scaler_status(self, p: Pass, w: ScalerStatusWrite) -> None:
+        scaler = p.scalers[w.kind_name]
+        change = {"status": merge_patch(scaler.get("status") or {}, w.status.to_dict())}
+        self.write(scaler, change, "status")
+
+    def job_status(self, p: Pass, w: JobStatusWrite) -> None:
+        change = {"status": merge_patch(p.job.get("status") or {}, w.status.to_dict())}
+        p.job = self.write({**p.job, "kind": naming.JOB_KIND}, change, sub="status")
+
+    def spec_replicas(self, p: Pass, w: SpecReplicas) -> None:
+        replicas = {"worker": {"replicas": w.replicas}}
+        self.write({**p.job, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
+
+    # The children: what stood in the way goes into `acted`.
+    def make_gang(self, p: Pass, w: MakeGang) -> None:
+        self.gangs.make(self.spec(p))
+
+    def host_list(self, p: Pass, w: HostList) -> None:
+        self.children.publish(p.obs, self.spec(p), w.hosts)
+
+    def delete_pod(self, p: Pass, w: DeletePod) -> None:
+        self.children.delete_pod(p.obs, self.spec(p), w.name, w.now)
+
+    def worker_objects(self, p: Pass, w: WorkerObjects) -> None:
+        made = self.children.worker_objects(p.obs, self.spec(p), p.plan, w.services, w.indices)
+        p.acted.problems += made.problems
+        p.acted.squatted += made.squatted
+
+    def make_launcher(self, p: Pass, w: MakeLauncher) -> None:
+        p.acted.problems += self.children.launcher(p.obs, self.spec(p), p.plan)
+
+    def make_scaler(self, p: Pass, w: MakeScaler) -> None:
+        p.acted.problems += self.children.create_replicas_scaler(p.obs, self.spec(p), w.wanted)
+
+    def queue_writes(self, p: Pass, w: QueueWrites) -> None:
+        p.acted.problems += self.queues.act(p.obs, self.spec(p), p.plan)
+
+    @staticmethod
+    def spec(p: Pass) -> JobSpec:
+        assert p.spec is not None, "a child write in a pass without a spec"
+        return p.spec
