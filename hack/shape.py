@@ -8,7 +8,8 @@ only through its public face (PUBLIC).
 
 Sizes: a function at most 50 lines, a class 300, a module 400, the README 300. The parts that
 were larger when the check came are listed in hack/shape-baseline.txt with their size then: each
-may shrink, none may grow, and no new one may join (a ratchet, paid down over time).
+may shrink, none may grow, and no new one may join (a ratchet, paid down over time); a line
+looser than the code fails too, so that what shrank cannot grow back.
 
     python hack/shape.py [ROOT]          exit 1 and one line per offence
 """
@@ -96,6 +97,7 @@ def baseline(root: Path) -> dict[str, int]:
 def offences(root: Path) -> list[str]:
     known = baseline(root)
     found: list[str] = []
+    seen: dict[str, int] = {}
     for tree_name in TREES:
         for path in sorted((root / tree_name).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
@@ -103,14 +105,26 @@ def offences(root: Path) -> list[str]:
             tree = ast.parse(text, rel)
             found.extend(layer_offences(rel, tree))
             for what, n, limit in sizes(rel, text, tree):
+                seen[what] = n
                 if what not in known:
                     found.append(f"{what}: {n} lines (at most {limit})")
                 elif n > known[what]:
                     found.append(f"{what}: {n} lines, grew from {known[what]} (at most {limit})")
+    found.extend(slack(known, seen))
     readme = len((root / "README.md").read_text().splitlines())
     if readme > README:
         found.append(f"README.md: {readme} lines (at most {README})")
     return found
+
+
+def slack(known: dict[str, int], seen: dict[str, int]) -> Iterator[str]:
+    """Baseline lines looser than the code: a ratchet that is not tightened as parts shrink
+    lets them grow back unseen."""
+    for what, n in known.items():
+        if what not in seen:
+            yield f"{what}: now within its limit; remove its line from {BASELINE}"
+        elif seen[what] < n:
+            yield f"{what}: now {seen[what]} lines; lower its line in {BASELINE} from {n}"
 
 
 def main(argv: list[str]) -> int:
