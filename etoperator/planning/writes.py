@@ -103,21 +103,54 @@ class MakeScaler:
 
 
 @dataclass(frozen=True)
-class QueueWrites:
-    """The Workload writes of queueing.py's plan (reconcile/queues.py: deletes, the Workload or
-    its slice made, the current one's count, activity, conditions and admission)."""
+class DropWorkloads:
+    """Every Workload of a job whose queue label was removed (it runs outside any queue)."""
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    name: str
+
+
+@dataclass(frozen=True)
+class MakeWorkload:
+    name: str
+    workers: int
+    replacing: str | None  # a slice: the Workload it replaces
+    surplus: bool  # the workers above the job's core (minCount 1, a priority lower)
+
+
+@dataclass(frozen=True)
+class UpdateWorkload:
+    """A family's current Workload (the core's or the surplus's): its count and activity
+    (spec), then conditions set and the admission given back (status)."""
+
+    core: bool
+    resize: int | None = None
+    activate: bool | None = None
+    conditions: tuple[tuple[str, str, str, str], ...] = ()
+    release: str = ""  # the eviction's reason, when the admission is given back
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """A queued job's Workload names, or (`labelled` False) a job whose queue label went."""
+
+    labelled: bool
+    core: str = ""
+    surplus: str = ""
 
 
 Write = (
     MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
     | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
-    | MakeLauncher | MakeScaler | QueueWrites
+    | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
 )  # fmt: skip
 
 
-def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list[Write]:
+def ordered(plan: Plan, old_status: JobStatus, pods: bool, queue: Queueing | None) -> list[Write]:
     """The plan's writes in order. `pods`: the job's children may be touched this pass (its
-    spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queued`: the job is
+    spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is
     in a queue or still has Workloads."""
     writes: list[Write] = []
     if plan.make_secret or plan.make_config_map:
@@ -143,9 +176,28 @@ def ordered(plan: Plan, old_status: JobStatus, pods: bool, queued: bool) -> list
     if plan.create_launcher:
         writes.append(MakeLauncher())
     writes += [MakeScaler(wanted) for wanted in plan.create_scalers]
-    if queued:
-        writes.append(QueueWrites())
+    if queue is not None:
+        writes += queue_writes(plan, queue)
     return writes
+
+
+def queue_writes(plan: Plan, q: Queueing) -> list[Write]:
+    """Kueue's, last: deletes first (a slice replaced by another goes), then what is made,
+    then the families' current Workloads."""
+    if not q.labelled:
+        return [DropWorkloads()]
+    writes: list[Write] = [DeleteWorkload(name) for name in plan.delete_workloads]
+    if plan.make_workload is not None:
+        writes.append(MakeWorkload(q.core, plan.make_workload, None, False))
+    if plan.make_surplus is not None:
+        writes.append(MakeWorkload(q.surplus, plan.make_surplus, None, True))
+    if plan.make_slice is not None:
+        name, workers, replacing = plan.make_slice
+        writes.append(MakeWorkload(name, workers, replacing, True))
+    core = UpdateWorkload(True, plan.resize_workload, plan.activate_workload,
+                          tuple(plan.workload_conditions), plan.release_admission)  # fmt: skip
+    surplus = UpdateWorkload(False, plan.resize_surplus, None, (), plan.release_surplus)
+    return writes + [u for u in (core, surplus) if u != UpdateWorkload(u.core)]
 
 
 class Stage(enum.IntEnum):
@@ -158,7 +210,18 @@ STAGES: dict[type, Stage] = {
     **dict.fromkeys((MakeBasics, MakeLauncherAccess, UpdateLauncherRole), Stage.BASICS),
     **dict.fromkeys((AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas), Stage.STATUSES),
     **dict.fromkeys(
-        (MakeGang, HostList, DeletePod, WorkerObjects, MakeLauncher, MakeScaler, QueueWrites),
+        (
+            MakeGang,
+            HostList,
+            DeletePod,
+            WorkerObjects,
+            MakeLauncher,
+            MakeScaler,
+            DropWorkloads,
+            DeleteWorkload,
+            MakeWorkload,
+            UpdateWorkload,
+        ),
         Stage.CHILDREN,
     ),
 }

@@ -19,6 +19,8 @@ from etoperator.planning.views import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
     DeletePod,
+    DeleteWorkload,
+    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -26,16 +28,17 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    QueueWrites,
+    MakeWorkload,
     ScalerStatusWrite,
     SpecReplicas,
     UpdateLauncherRole,
+    UpdateWorkload,
     WorkerObjects,
     Write,
 )
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.gangs import Gangs
-from etoperator.reconcile.queues import Queues
+from etoperator.reconcile.queues import Queues, families
 from etoperator.reconcile.state import Writes, merge_patch
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,10 @@ class Executor:
             WorkerObjects: self.worker_objects,
             MakeLauncher: self.make_launcher,
             MakeScaler: self.make_scaler,
-            QueueWrites: self.queue_writes,
+            DropWorkloads: self.drop_workloads,
+            DeleteWorkload: self.delete_workload,
+            MakeWorkload: self.make_workload,
+            UpdateWorkload: self.update_workload,
         }
 
     def run(self, p: Pass, w: Write) -> None:
@@ -156,8 +162,32 @@ class Executor:
     def make_scaler(self, p: Pass, w: MakeScaler) -> None:
         p.acted.problems += self.children.create_replicas_scaler(p.obs, self.spec(p), w.wanted)
 
-    def queue_writes(self, p: Pass, w: QueueWrites) -> None:
-        p.acted.problems += self.queues.act(p.obs, self.spec(p), p.plan)
+    # Kueue's Workloads.
+    def drop_workloads(self, p: Pass, w: DropWorkloads) -> None:
+        for body in p.obs.workloads:
+            meta = body["metadata"]
+            self.kube.delete(naming.WORKLOAD_KIND, meta["namespace"], meta["name"], meta["uid"])
+
+    def delete_workload(self, p: Pass, w: DeleteWorkload) -> None:
+        ns = self.spec(p).namespace
+        uid = next((b["metadata"]["uid"] for b in p.obs.workloads
+                    if b["metadata"]["name"] == w.name), None)  # fmt: skip
+        if self.kube.delete(naming.WORKLOAD_KIND, ns, w.name, uid):
+            log.info("Deleted Workload namespace=%s name=%s", ns, w.name)
+
+    def make_workload(self, p: Pass, w: MakeWorkload) -> None:
+        spec = self.spec(p)
+        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        p.acted.problems += self.queues.make(
+            spec, owner, w.name, w.workers, w.replacing, surplus=w.surplus
+        )
+
+    def update_workload(self, p: Pass, w: UpdateWorkload) -> None:
+        core, surplus = families(p.obs.workloads)
+        body = core if w.core else surplus
+        if body is None or body["metadata"]["name"] in p.plan.delete_workloads:
+            return
+        self.queues.update(body, w.resize, w.activate, list(w.conditions), w.release)
 
     @staticmethod
     def spec(p: Pass) -> JobSpec:

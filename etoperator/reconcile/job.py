@@ -21,13 +21,14 @@ from etoperator import status as st
 from etoperator.api.fields import DEFAULT_MAX_WORKERS
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
+from etoperator.builders import workload as wl
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.views import BasicsView
-from etoperator.planning.writes import JobStatusWrite, Stage, ordered, staged
+from etoperator.planning.writes import JobStatusWrite, Queueing, Stage, ordered, staged
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.execute import Executor, Pass
 from etoperator.reconcile.gangs import Gangs
@@ -278,9 +279,11 @@ class JobReconciler:
         basics, the statuses, then the pass's events, then the children; the scripts, off the
         pass. Each write goes through the one executor."""
         spec = inp.spec
-        queued = spec is not None and bool(spec.queue or obs.workloads)
-        writes = ordered(plan, inp.status, spec is not None and not inp.hold,
-                         queued)  # fmt: skip
+        queue = None
+        if spec is not None and (spec.queue or obs.workloads):
+            queue = Queueing(bool(spec.queue), naming.workload_name(spec.name, spec.uid),
+                             wl.surplus_name(spec))  # fmt: skip
+        writes = ordered(plan, inp.status, spec is not None and not inp.hold, queue)
         p = Pass(obs, spec, plan, obs.job)
         p.scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         with metrics.pass_step(took, "basics"):

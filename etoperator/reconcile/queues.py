@@ -1,5 +1,6 @@
 """Kueue, for jobs labelled with a LocalQueue: what a pass sees of their Workloads (`view`),
-and the Workload writes a plan asks for (`act`). The planner's side is planning/queueing.py.
+and how a Workload is made and brought up to date (`make`, `update`: the executor's Kueue
+writes, reconcile/execute.py). The planner's side is planning/queueing.py.
 
 Kueue's own job integrations are the model (sigs.k8s.io/kueue pkg/controller/jobframework):
 one Workload per job with a controller reference and the job-uid label; a slice (a Workload
@@ -28,7 +29,7 @@ from etoperator.builders.common import Owner, Placement
 from etoperator.cache import Observed
 from etoperator.clock import iso, parse_iso, utcnow
 from etoperator.kube import JSON_PATCH, AlreadyExists, ApiError, Kube
-from etoperator.planning.views import Plan, QueueView
+from etoperator.planning.views import QueueView
 from etoperator.reconcile import state
 
 log = logging.getLogger(__name__)
@@ -257,39 +258,6 @@ class Queues:
             got = Placement(tuple(sorted(labels.items())), tuple(spec.get("tolerations") or []))
             self._flavors[name] = hit = (now, got)
         return hit[1]
-
-    def act(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
-        """The plan's Workload writes, in order; what stood in the way, said on the job. A job
-        whose queue label was removed runs outside any queue: its Workloads go (their quota
-        with them)."""
-        if not spec.queue:
-            for body in obs.workloads:
-                meta = body["metadata"]
-                self.kube.delete(naming.WORKLOAD_KIND, meta["namespace"], meta["name"], meta["uid"])
-            return []
-        problems: list[str] = []
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
-        by_name = {b["metadata"]["name"]: b for b in obs.workloads}
-        for name in plan.delete_workloads:  # first: a slice replaced by another goes
-            uid = (by_name.get(name) or {}).get("metadata", {}).get("uid")
-            if self.kube.delete(naming.WORKLOAD_KIND, spec.namespace, name, uid):
-                log.info("Deleted Workload namespace=%s name=%s", spec.namespace, name)
-        if plan.make_workload is not None:
-            base = naming.workload_name(spec.name, spec.uid)
-            problems += self.make(spec, owner, base, plan.make_workload, None)
-        if plan.make_surplus is not None:
-            name = wl.surplus_name(spec)
-            problems += self.make(spec, owner, name, plan.make_surplus, None, surplus=True)
-        if plan.make_slice is not None:
-            name, workers, replacing = plan.make_slice
-            problems += self.make(spec, owner, name, workers, replacing, surplus=True)
-        core, extra = families(obs.workloads)
-        if core is not None and core["metadata"]["name"] not in plan.delete_workloads:
-            self.update(core, plan.resize_workload, plan.activate_workload,
-                        plan.workload_conditions, plan.release_admission)  # fmt: skip
-        if extra is not None and extra["metadata"]["name"] not in plan.delete_workloads:
-            self.update(extra, plan.resize_surplus, None, [], plan.release_surplus)
-        return problems
 
     def make(
         self,

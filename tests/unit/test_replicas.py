@@ -74,7 +74,7 @@ class World:
         """One pass: the plan's writes in their one order (planning/writes.py, as the
         reconciler runs them), each a step a crash can end the pass after."""
         plan = plan_job(self.observe())
-        for write in ordered(plan, self.status, pods=True, queued=False):
+        for write in ordered(plan, self.status, pods=True, queue=None):
             if isinstance(write, ScalerStatusWrite):
                 self.write(self._set_scaler, write.kind_name, write.status)
             elif isinstance(write, JobStatusWrite):

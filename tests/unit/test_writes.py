@@ -10,6 +10,8 @@ from etoperator.planning import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
     DeletePod,
+    DeleteWorkload,
+    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -17,9 +19,11 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    QueueWrites,
+    MakeWorkload,
+    Queueing,
     ScalerStatusWrite,
     SpecReplicas,
+    UpdateWorkload,
     WorkerObjects,
     ordered,
 )
@@ -41,7 +45,16 @@ EVERYTHING = Plan(
     make_config_map=True,
     make_access=(("ServiceAccount", "j-launcher"), ("Role", "j-launcher")),
     update_role=True,
+    delete_workloads=["w-grow-3"],
+    make_workload=2,
+    make_surplus=1,
+    make_slice=("w-grow-4", 2, "w-surplus"),
+    resize_workload=2,
+    activate_workload=True,
+    workload_conditions=[("Finished", "True", "Succeeded", "done")],
+    release_surplus="Preempted",
 )
+QUEUE = Queueing(True, "w", "w-surplus")
 
 
 def kinds(writes: Sequence[object]) -> list[str]:
@@ -49,7 +62,7 @@ def kinds(writes: Sequence[object]) -> list[str]:
 
 
 def test_every_write_of_a_pass_in_its_one_order() -> None:
-    writes = ordered(EVERYTHING, JobStatus(), pods=True, queued=True)
+    writes = ordered(EVERYTHING, JobStatus(), pods=True, queue=QUEUE)
     basics, writes = writes[:3], writes[3:]
     assert kinds(basics) == ["MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole"]
     assert basics[0] == MakeBasics(secret=True, config_map=True)
@@ -59,7 +72,8 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     assert kinds(writes) == [
         "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "MakeGang",
         "HostList", "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler",
-        "QueueWrites",
+        "DeleteWorkload", "MakeWorkload", "MakeWorkload", "MakeWorkload", "UpdateWorkload",
+        "UpdateWorkload",
     ]  # fmt: skip
     assert writes[0] == AdoptScaler(("ScaleIn", "less"))
     assert writes[1] == ScalerStatusWrite(("ScaleIn", "less"), ScaleInStatus(phase="Scaling"))
@@ -69,17 +83,37 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     assert writes[8] == WorkerObjects(("j-worker-0", "j-worker-3"), (3,))
     assert isinstance(writes[2], JobStatusWrite) and isinstance(writes[4], MakeGang)
     assert isinstance(writes[9], MakeLauncher) and isinstance(writes[10], MakeScaler)
-    assert isinstance(writes[11], QueueWrites)
+    # Kueue's last (after the pods: a shrink gives its quota back once done), deletes first.
+    assert writes[11:] == [
+        DeleteWorkload("w-grow-3"),
+        MakeWorkload("w", 2, None, False),
+        MakeWorkload("w-surplus", 1, None, True),
+        MakeWorkload("w-grow-4", 2, "w-surplus", True),
+        UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
+        UpdateWorkload(False, None, None, (), "Preempted"),
+    ]
+
+
+def test_a_job_whose_queue_label_went_drops_its_workloads_and_nothing_else() -> None:
+    writes = ordered(EVERYTHING, JobStatus(), pods=True, queue=Queueing(False))
+    assert kinds(writes)[-2:] == ["MakeScaler", "DropWorkloads"]
+    assert writes[-1] == DropWorkloads()
+
+
+def test_a_family_with_nothing_to_change_gets_no_write() -> None:
+    plan = Plan(status=JobStatus(), resize_workload=3)
+    writes = ordered(plan, JobStatus(), pods=True, queue=QUEUE)
+    assert [w for w in writes if isinstance(w, UpdateWorkload)] == [UpdateWorkload(True, 3)]
 
 
 def test_a_status_as_read_is_not_written_again() -> None:
-    writes = ordered(EVERYTHING, JobStatus(phase="Running"), pods=True, queued=False)
-    assert "JobStatusWrite" not in kinds(writes) and "QueueWrites" not in kinds(writes)
+    writes = ordered(EVERYTHING, JobStatus(phase="Running"), pods=True, queue=None)
+    assert "JobStatusWrite" not in kinds(writes) and "MakeWorkload" not in kinds(writes)
 
 
 def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     """Its spec unreadable, or the Secret, ConfigMap or RBAC its pods need missing."""
-    writes = ordered(EVERYTHING, JobStatus(), pods=False, queued=True)
+    writes = ordered(EVERYTHING, JobStatus(), pods=False, queue=QUEUE)
     assert kinds(writes) == [
         "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
         "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas",
