@@ -16,7 +16,7 @@ from etoperator import status as st
 from etoperator.api import claims
 from etoperator.api.models import JobSpec, template_secrets
 from etoperator.api.statuses import JobStatus
-from etoperator.builders import config, pods, rbac, runtimes, scalers, ssh, volumes
+from etoperator.builders import config, pods, rbac, runtimes, ssh, volumes
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
 from etoperator.builders.workload import LAUNCHER_SET
 from etoperator.cache import Observed
@@ -24,7 +24,14 @@ from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
 from etoperator.planning.views import BasicsView
-from etoperator.reconcile.state import USER_SECRET_RECHECK, Keys, Writes, in_parallel, job_id
+from etoperator.reconcile.state import (
+    USER_SECRET_RECHECK,
+    Keys,
+    Recorder,
+    Writes,
+    in_parallel,
+    job_id,
+)
 
 log = logging.getLogger(__name__)
 KILL_GRACE = 1  # seconds: a pod stopped at once (its drain is over by the operator's word)
@@ -51,6 +58,7 @@ class Children:
     writes: Writes  # pods created (or found existing), until the cache shows them
     pool: concurrent.futures.ThreadPoolExecutor  # independent creates go at once
     access_pool: concurrent.futures.ThreadPoolExecutor  # launchers' access, made off the pass
+    recorder: Recorder  # what acting met, told as the pass's own events are: off the pass
     clock: Callable[[], datetime] = utcnow
     _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
     _template_secrets_checked: dict[str, datetime] = field(default_factory=dict)
@@ -250,7 +258,7 @@ class Children:
                 else "with a new key pair; pods still holding the old key are trusted too"
             )
             message = f"Secret {name} was missing; recreated {how}"
-            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+            self.recorder.post(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
 
     def claimed(self, namespace: str, secret: str, uid: str) -> list[str]:
@@ -280,7 +288,7 @@ class Children:
             message = f"ConfigMap {cm['metadata']['name']} was missing; recreated with hosts " + (
                 ", ".join(hosts)
             )
-            self.kube.event(obs.job, "Warning", "ChildRepaired", message, self.clock())
+            self.recorder.post(obs.job, "Warning", "ChildRepaired", message, self.clock())
         return problems
 
     def create_child(self, obs: Observed, obj: dict[str, Any]) -> list[str]:
@@ -397,29 +405,6 @@ class Children:
         GET: only asked when a pod is built)."""
         secret = spec.ssh_secret or naming.secret_name(spec.name)
         return secret, self._secret_items(spec) if building else ssh.OWN_KEYS
-
-    def create_replicas_scaler(
-        self, obs: Observed, spec: JobSpec, wanted: dict[str, Any]
-    ) -> list[str]:
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
-        body = scalers.replicas_scaler(spec.namespace, owner, wanted)
-        try:
-            self.kube.create(body)
-        except AlreadyExists:
-            existing = self.kube.get(wanted["kind"], spec.namespace, wanted["name"])
-            if existing is None or scalers.is_replicas_scaler(
-                existing, spec.uid, wanted["generation"]
-            ):
-                return []
-            return [
-                f"{wanted['kind']} {wanted['name']} exists and was not made by the operator; "
-                f"`kubectl scale` to {spec.worker.replicas} waits until it is renamed or deleted"
-            ]
-        message = (
-            f"replicas set to {spec.worker.replicas}: created {wanted['kind']} {wanted['name']}"
-        )
-        self.kube.event(obs.job, "Normal", "ReplicasChanged", message, self.clock())
-        return []
 
     def _secret_items(self, spec: JobSpec) -> frozenset[str]:
         if not spec.ssh_secret:

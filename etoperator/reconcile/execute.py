@@ -8,13 +8,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from etoperator import naming
 from etoperator.api.models import JobSpec
+from etoperator.builders import scalers
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
-from etoperator.kube import Kube
+from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning.views import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
@@ -39,7 +41,7 @@ from etoperator.planning.writes import (
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.queues import Queues, families
-from etoperator.reconcile.state import Writes, merge_patch
+from etoperator.reconcile.state import Recorder, Writes, merge_patch
 
 log = logging.getLogger(__name__)
 Scalers = dict[tuple[str, str], dict[str, Any]]
@@ -66,6 +68,8 @@ class Executor:
     gangs: Gangs
     queues: Queues
     writes: Writes
+    recorder: Recorder
+    clock: Callable[[], datetime]
     table: dict[type, Callable[[Pass, Any], None]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,7 +164,24 @@ class Executor:
         p.acted.problems += self.children.launcher(p.obs, self.spec(p), p.plan)
 
     def make_scaler(self, p: Pass, w: MakeScaler) -> None:
-        p.acted.problems += self.children.create_replicas_scaler(p.obs, self.spec(p), w.wanted)
+        """`kubectl scale`'s change as a scaler; one of that name not made for it is in the
+        way until renamed or deleted."""
+        spec, wanted = self.spec(p), w.wanted
+        body = scalers.replicas_scaler(spec.namespace, Owner(naming.JOB_KIND, spec.name,
+                                                             spec.uid), wanted)  # fmt: skip
+        try:
+            self.kube.create(body)
+        except AlreadyExists:
+            found = self.kube.get(wanted["kind"], spec.namespace, wanted["name"])
+            if found is None or scalers.is_replicas_scaler(found, spec.uid, wanted["generation"]):
+                return
+            p.acted.problems.append(
+                f"{wanted['kind']} {wanted['name']} exists and was not made by the operator; "
+                f"`kubectl scale` to {spec.worker.replicas} waits until it is renamed or deleted"
+            )
+            return
+        said = f"replicas set to {spec.worker.replicas}: created {wanted['kind']} {wanted['name']}"
+        self.recorder.post(p.obs.job, "Normal", "ReplicasChanged", said, self.clock())
 
     # Kueue's Workloads.
     def drop_workloads(self, p: Pass, w: DropWorkloads) -> None:

@@ -91,7 +91,15 @@ class JobReconciler:
     executor: Executor = field(init=False)  # every write of a pass goes through it
 
     def __post_init__(self) -> None:
-        self.executor = Executor(self.kube, self.children, self.gangs, self.queues, self.writes)
+        self.executor = Executor(
+            self.kube,
+            self.children,
+            self.gangs,
+            self.queues,
+            self.writes,
+            self.recorder,
+            self.clock,
+        )
 
     @classmethod
     def build(
@@ -115,11 +123,11 @@ class JobReconciler:
             ), ssh_checks, max_workers, tainted_nodes, own_account=own_account,
         )  # fmt: skip
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
-        children = Children(kube, keys, writes, pool, access, clock)
-        scripts = Scripts(kube, writes, clock)
         recorder = Recorder(
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
+        children = Children(kube, keys, writes, pool, access, recorder, clock)
+        scripts = Scripts(kube, writes, recorder, clock)
         return cls(
             kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube, clock),
             Gangs(kube), clock,
@@ -272,7 +280,7 @@ class JobReconciler:
                     return
         else:
             return
-        self.kube.event(obs.job, "Warning", "APIRefused", message, self.clock())
+        self.recorder.post(obs.job, "Warning", "APIRefused", message, self.clock())
 
     def act(self, obs: Observed, inp: JobInput, plan: Plan, took: dict[str, float]) -> None:
         """The pass's writes (planning/writes.py), in their one order, stage by stage: the
@@ -348,4 +356,4 @@ class JobReconciler:
             sub="status",
         )
         if event is not None:
-            self.kube.event(body, event.type, event.reason, event.message, self.clock())
+            self.recorder.post(body, event.type, event.reason, event.message, self.clock())

@@ -17,7 +17,7 @@ from etoperator.clock import iso, utcnow
 from etoperator.kube import NO_ANSWER, Conflict, Kube
 from etoperator.planning import Plan
 from etoperator.planning.scaling import SCRIPT_EXECUTED, SCRIPT_GRACE
-from etoperator.reconcile.state import Writes, job_id
+from etoperator.reconcile.state import Recorder, Writes, job_id
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class Scripts:
 
     kube: Kube
     writes: Writes
+    recorder: Recorder  # a script's end told off its thread's way, as every event is
     clock: Callable[[], datetime] = utcnow
     _running: dict[str, threading.Thread] = field(default_factory=dict)
     # Scripts that ran and were reported: never run again for the same scaler, even by a pass
@@ -207,6 +208,6 @@ class Scripts:
             self.writes.wrote(scaler)
             if status != "Unknown":
                 etype = "Normal" if status == "True" else "Warning"
-                self.kube.event(scaler, etype, reason, message, self.clock())
+                self.recorder.post(scaler, etype, reason, message, self.clock())
             return True
         raise RuntimeError(f"{kind} {ns}/{name} kept changing while its script was reported")
