@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etoperator import naming
+from etoperator.api.statuses import JobStatus
 from etoperator.builders.common import is_controlled_by
 
 Body = dict[str, Any]
@@ -78,6 +79,14 @@ class Observed:
     role: Body | None = None  # the launcher's Role
     workloads: list[Body] = field(default_factory=list)  # Kueue's, made for this job
     pod_group: Body | None = None  # its workers' PodGroup (gang scheduling)
+    _status: JobStatus | None = field(default=None, repr=False)
+
+    @property
+    def status(self) -> JobStatus:
+        """The job's status, parsed once (every part of a pass reads it)."""
+        if self._status is None:
+            self._status = JobStatus.from_dict(self.job.get("status"))
+        return self._status
 
 
 @dataclass

@@ -15,7 +15,6 @@ from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api import claims
 from etoperator.api.models import JobSpec, template_secrets
-from etoperator.api.statuses import JobStatus
 from etoperator.builders import config, pods, rbac, runtimes, ssh, volumes
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
 from etoperator.builders.workload import LAUNCHER_SET
@@ -86,7 +85,7 @@ class Children:
         such a Secret wanting, or what the last making of the launcher's access met."""
         spec = obs.spec
         assert spec is not None
-        if JobStatus.from_dict(obs.job.get("status")).phase in st.TERMINAL:
+        if obs.status.phase in st.TERMINAL:
             return [], BasicsView()
         problems = self.check_user_secret(spec) if spec.ssh_secret else []
         problems += self.check_template_secrets(spec)
@@ -245,7 +244,7 @@ class Children:
         kept = self.keys.text.get(f"{jid}/{name}")
         keys = ssh.keypair_from_private(kept, comment) if kept else ssh.generate_keypair(comment)
         # Pods of the job still hold the old key until their volumes refresh: keep trusting it.
-        status = JobStatus.from_dict(obs.job.get("status"))
+        status = obs.status
         old = (self.keys.public.get(jid) or status.ssh_public_key or "",)
         secret = ssh.ssh_secret(spec.name, spec.namespace, owner, keys, old)
         made, problems = self.create_or_find(obs, secret)
@@ -280,7 +279,7 @@ class Children:
         under a running job comes back with it, never empty (Horovod would drop every host)."""
         spec = obs.spec
         assert spec is not None
-        hosts = JobStatus.from_dict(obs.job.get("status")).hosts
+        hosts = obs.status.hosts
         data = runtimes.of(spec).config_data(spec, hosts)
         cm = config.config_map(spec.name, spec.namespace, owner, hosts, 1, data)
         made, problems = self.create_or_find(obs, cm)

@@ -156,9 +156,10 @@ class JobReconciler:
 
     def reconcile(self, obs: Observed) -> Next:
         """One pass over what was observed; when the next one is wanted."""
-        if self.writes.stale(self.observer.parse(obs)):
+        if self.writes.stale(obs):
             metrics.STALE_VIEWS.inc()
             return STALE
+        self.observer.parse(obs)
         metrics.RECONCILES.inc()
         took: dict[str, float] = {}
         start = time.monotonic()
@@ -202,7 +203,7 @@ class JobReconciler:
             generation=int(job["metadata"].get("generation") or 0),
             spec=obs.spec,
             error=obs.error,
-            status=JobStatus.from_dict(job.get("status")),
+            status=obs.status,
             pods=pods,
             scalers=scalers,
             now=self.clock(),

@@ -273,6 +273,7 @@ class Observer:
     saved: dict[str, str] = field(default_factory=dict)  # by job prefix: note_gone's
 
     def parse(self, obs: Observed) -> Observed:
+        """The job's spec (None and the error, when invalid), parsed once a pass."""
         try:
             obs.spec, obs.error = parse_job(obs.job, self.max_workers), None
             obs.error = borrowed_identity(obs.spec, self.own_account)
@@ -307,26 +308,20 @@ class Observer:
         running scale's pods, of `scalers`, probed as it needs; workers whose quota Kueue
         took back, of `queue`, leave as victims do)."""
         assert obs.spec is not None or obs.error
-        status = JobStatus.from_dict(obs.job.get("status"))
         views = classify(obs.job["metadata"]["name"], obs.pods, self.tainted_nodes(), self.wall())
         views = surplus.reclaimed_views(views, queue, self.wall())
-        scale = running_scale(status, scalers)
+        scale = running_scale(obs.status, scalers)
         victims = set(scale[1]) if scale[0] == naming.SCALEIN_KIND else set()
         ssh_key = None
         probes = runtimes.of(obs.spec).probes
         if obs.spec is not None and self.ssh_checks and probes:
             secret = obs.spec.ssh_secret or naming.secret_name(obs.spec.name)
             ssh_key = self._ssh_key(obs, obs.spec, secret)
-        wanted = probes_wanted(
-            views,
-            set(status.hosts),
-            set(config.hosts_of((obs.configmap or {}).get("data"))),
-            scale,
-            ssh_key is not None,
-        )
+        hosts = set(obs.status.hosts)
+        published = set(config.hosts_of((obs.configmap or {}).get("data")))
+        wanted = probes_wanted(views, hosts, published, scale, ssh_key is not None)
         results = self.run_probes(obs.spec, wanted, {v.name: v.ip for v in views}, ssh_key)
         ssh = self.ssh_checks and probes
-        hosts = set(status.hosts)
         return [settle(v, results, hosts, victims, ssh, not probes) for v in views]
 
     def run_probes(
@@ -393,7 +388,7 @@ class Observer:
         most every LOG_EVERY seconds; () otherwise."""
         meta = obs.job["metadata"]
         jid = job_id(meta["namespace"], meta["name"], meta["uid"])
-        kind, pods = running_scale(JobStatus.from_dict(obs.job.get("status")), scalers)
+        kind, pods = running_scale(obs.status, scalers)
         waiting = kind == naming.SCALEOUT_KIND and any(
             "WaitingForHorovod" in str(s.status.conditions) for s in scalers if s.planned == pods
         )
