@@ -55,6 +55,45 @@ def horovod_job(name: str, replicas: int, steps: int, **spec: Any) -> dict[str, 
     return body
 
 
+def with_driver_log(cluster: Cluster, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The job, its launcher's horovodrun logging at INFO (Horovod's driver says there which
+    workers it starts, each reset and each host it blacklists; horovodrun sets no level): a
+    sitecustomize from a ConfigMap, the launcher's command left as it is."""
+    site = "import logging\nlogging.basicConfig(level=logging.INFO)\n"
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "driver-log"},
+          "data": {"sitecustomize.py": site}}  # fmt: skip
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(cm))
+    pod = body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]
+    pod.setdefault("volumes", []).append(
+        {"name": "driver-log", "configMap": {"name": "driver-log"}}
+    )
+    container = pod["containers"][0]
+    container.setdefault("volumeMounts", []).append({"name": "driver-log", "mountPath": "/opt/log"})
+    container.setdefault("env", []).append({"name": "PYTHONPATH", "value": "/opt/log"})
+    return body
+
+
+def queue_scene(cluster: Cluster, ns: str, name: str) -> str:
+    """What a queued Horovod job's stuck wait leaves to read, in the failure's own message:
+    the host list, the pods, the Workloads as Kueue holds them, the job's conditions, and
+    what the launcher's horovodrun said."""
+    workloads = cluster.kubectl(
+        "get", "-n", ns, "workloads.kueue.x-k8s.io", "-o",
+        "custom-columns=NAME:.metadata.name,COUNT:.spec.podSets[*].count,ACTIVE:.spec.active,"
+        "CONDITIONS:.status.conditions[*].type,STATUS:.status.conditions[*].status",
+        check=False,
+    ).stdout  # fmt: skip
+    conditions = [
+        (c.get("type"), c.get("status"), c.get("reason"))
+        for c in cluster.status(ns, name).get("conditions") or []
+    ]
+    return "\n".join([
+        f"hosts: {cluster.hosts(ns, name)}", f"pods: {cluster.pods(ns, name, live=False)}",
+        workloads, f"conditions: {conditions}",
+        *own_lines(cluster.pod_log(ns, f"{name}-launcher"), 60),
+    ])  # fmt: skip
+
+
 def training(cluster: Cluster, ns: str, name: str) -> Training:
     return Training(lambda: cluster.pod_log(ns, f"{name}-launcher"))
 
@@ -244,6 +283,7 @@ def test_a_preemption_under_kueue_shrinks_a_training_job_that_trains_on(
                "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
     body = horovod_job("elastic", 4, steps=1_000_000, minReplicas=2, sharedVolume=dict(SHARED))
+    with_driver_log(cluster, ns, body)
     body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq",
                                   naming.LABEL_KUEUE_PRIORITY: f"low-{ns}"}  # fmt: skip
     for role in body["spec"]["etReplicaSpecs"].values():
@@ -266,9 +306,8 @@ def test_a_preemption_under_kueue_shrinks_a_training_job_that_trains_on(
         # a loaded two-core machine (180 s was met once in several suites).
         try:
             wait_for(lambda: tr.first_step_at(4, t1), 300, "training at 4 again", interval=0.5)
-        except Timeout:
-            print("\n".join(own_lines(cluster.pod_log(ns, "elastic-launcher"), 60)))
-            raise
+        except Timeout as exc:
+            raise AssertionError(queue_scene(cluster, ns, "elastic")) from exc
         steps = [s for s, _, _, t in tr.read().steps if t >= t0]
         assert steps == sorted(set(steps)), "a step was repeated: training rolled back"
         assert cluster.obj("Pod", ns, "elastic-launcher")["metadata"]["uid"] == launcher
