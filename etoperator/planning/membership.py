@@ -198,9 +198,34 @@ def launch(
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")
         return m
-    m = m.hosting(*(n for n in ready if n not in newcomers))
+    m = m.hosting(*together(d, m, [n for n in ready if n not in newcomers]))
     say_workers_ready(d, len(m.hosts), event=False)
     return follow_launcher(d, m, launcher)
+
+
+# Seconds a ready new worker waits for others starting beside it to join the host list with.
+JOIN_TOGETHER = 30.0
+
+
+def together(d: Draft, m: Members, ready: list[str]) -> list[str]:
+    """The ready workers that join the host list now: outside a ScaleOut (Kueue admitting
+    more, replacements) all in one change, as a ScaleOut's do. Each change resets Horovod's
+    ranks, and one made while they reset for the last (a new rank still starting) is dropped
+    at their reset: the job would never grow to that worker. So while another new worker is
+    starting (placed, made less than JOIN_TOGETHER ago), the ready ones wait for it; one
+    that is not placed, has failed or is late holds no one back."""
+    joining = [n for n in ready if n not in m.hosts]
+    starting = [
+        n
+        for n in m.members
+        if n not in m.hosts and n not in ready
+        and (v := d.workers.get(n)) is not None and v.bound and not v.gone_bad and not v.ready
+        and v.age is not None and v.age < JOIN_TOGETHER
+    ]  # fmt: skip
+    if joining and starting:
+        d.come_back(f"{', '.join(joining)} wait to join with {', '.join(starting)}")
+        return [n for n in ready if n in m.hosts]
+    return ready
 
 
 def say_pending(d: Draft, m: Members) -> None:

@@ -40,6 +40,7 @@ class PodView:
     # victim does, is not replaced, and the job's size asked stays (it grows back).
     reclaimed: bool = False
     overdue: bool = False  # reclaimed longer than its drain may take: it goes regardless
+    age: float | None = None  # seconds since the pod was made (None: not told)
 
     @property
     def draining(self) -> bool:

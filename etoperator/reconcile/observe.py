@@ -98,6 +98,8 @@ def classify(
         worker = role == naming.ROLE_WORKER
         code, term_reason = _container_exit(p)
         run = (meta.get("annotations") or {}).get(naming.ANN_RUN)
+        made = parse_iso(str(meta.get("creationTimestamp") or ""))
+        age = (now - made).total_seconds() if made and now else None
         views.append(
             PodView(
                 name=meta["name"],
@@ -109,11 +111,12 @@ def classify(
                 reason=str(pst.get("reason") or term_reason),
                 run=int(run) if run is not None and str(run).isdigit() else None,
                 leaving=_leaving(p, tainted) if worker else "",
-                waiting=_waiting(pst) or _unscheduled(p, now),
+                waiting=_waiting(pst) or _unscheduled(p, age),
                 ip=str(pst.get("podIP") or ""),
                 bound=bool((p.get("spec") or {}).get("nodeName")),
                 surplus=worker and wl.LABEL_SURPLUS in (meta.get("labels") or {}),
                 saved="" if worker else said_saved(p),
+                age=age,
             )
         )
     return views
@@ -154,26 +157,21 @@ def _waiting(pst: dict[str, Any]) -> str:
     return ""
 
 
-def _unscheduled(pod: dict[str, Any], now: datetime | None) -> str:
+def _unscheduled(pod: dict[str, Any], age: float | None) -> str:
     """A pod no scheduler has taken up (no PodScheduled condition at all) UNSCHEDULED seconds
     after it was made: its schedulerName names no scheduler that runs (the pod itself never
     says so)."""
     spec, pst = pod.get("spec") or {}, pod.get("status") or {}
-    made = parse_iso(str(pod["metadata"].get("creationTimestamp") or ""))
     if (
-        now is None
-        or made is None
+        age is None
+        or age < UNSCHEDULED
         or spec.get("nodeName")
         or pst.get("phase", "Pending") != "Pending"
+        or any(c.get("type") == "PodScheduled" for c in pst.get("conditions") or [])
     ):
         return ""
-    if any(c.get("type") == "PodScheduled" for c in pst.get("conditions") or []):
-        return ""
-    waited = (now - made).total_seconds()
-    if waited < UNSCHEDULED:
-        return ""
     name = spec.get("schedulerName") or "default-scheduler"
-    return f"NoScheduler: no scheduler has taken it up in {waited:.0f}s (schedulerName {name})"
+    return f"NoScheduler: no scheduler has taken it up in {age:.0f}s (schedulerName {name})"
 
 
 def running_scale(status: JobStatus, scalers: list[ScalerView]) -> tuple[str, list[str]]:

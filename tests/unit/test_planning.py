@@ -22,6 +22,7 @@ from etoperator.planning import (
     victims_by_count,
 )
 from etoperator.planning.lifecycle import plan_refused
+from etoperator.planning.membership import JOIN_TOGETHER
 from etoperator.planning.phases import MOVES
 from localcluster.manifests import job, scalein, scaleout, torchrun_job
 
@@ -919,3 +920,26 @@ def test_a_torchrun_worker_whose_agent_finished_is_no_loss() -> None:
         )
     )
     assert done.status.phase == "Succeeded"
+
+
+def test_new_workers_join_the_host_list_together() -> None:
+    """Workers joining a running job outside a ScaleOut (Kueue admitted more, replacements)
+    enter the host list in one change: each change is a reset of Horovod's ranks, and one made
+    while they reset for the previous one (a worker still starting) is dropped by them at
+    their reset, so the job never grows to it (seen: the second of two workers ready a second
+    apart listed and never taken in). A ready one waits for the others while they start, up
+    to JOIN_TOGETHER seconds; one that cannot start (unplaced, failing) holds no one back."""
+    spec = jspec(replicas=4, workerRestartPolicy="OnFailure")
+    status = running_status([0, 1, 2, 3], hosts=[0, 1])
+    starting = w(3, ready=False, bound=True, age=5.0)
+    plan = plan_job(inp(spec, status, [w(0), w(1), w(2, age=5.0), starting, launcher()]))
+    assert plan.hosts == ["j-worker-0", "j-worker-1"]
+    both = plan_job(inp(spec, status, [w(0), w(1), w(2, age=6.0), w(3, age=6.0), launcher()]))
+    assert both.hosts == [f"j-worker-{i}" for i in range(4)]
+    for stuck in (
+        w(3, ready=False, bound=True, age=JOIN_TOGETHER + 1),
+        w(3, "Pending", ready=False, bound=False, age=5.0),
+        w(3, "Failed", ready=False, bound=True, age=5.0, exit_code=1),
+    ):
+        alone = plan_job(inp(spec, status, [w(0), w(1), w(2, age=40.0), stuck, launcher()]))
+        assert alone.hosts == ["j-worker-0", "j-worker-1", "j-worker-2"], stuck
