@@ -24,6 +24,11 @@ class TrainingRuntime(Protocol):
     # The launcher is made with the first workers (they wait for it), not once they are ready.
     launcher_first: bool
     ssh: bool  # its pods need the job's SSH key pair (a Secret made); torchrun's meet otherwise
+    # A whole stop (suspension, eviction) deletes the launcher first (its preStop asks the
+    # training to save) and the running workers once it is gone, at once: deleted with it,
+    # their preStop waits for the training to leave them, which a run saved for its stop
+    # never does (it holds). torchrun's workers save at their own SIGTERM instead.
+    launcher_stops_first: bool
     ready_words: tuple[str, str]  # what WorkersReady says the listed worker(s) do: one, many
 
     def worker_pod(
@@ -48,6 +53,7 @@ class Horovod:
     probes = True
     launcher_first = False
     ssh = True
+    launcher_stops_first = True
     ready_words = ("accepts the job's SSH key", "accept the job's SSH key")
 
     def worker_pod(
@@ -77,6 +83,7 @@ class Torchrun:
     probes = False
     launcher_first = True
     ssh = False
+    launcher_stops_first = False
     ready_words = ("runs torchrun's agent", "run torchrun's agent")
 
     def worker_pod(

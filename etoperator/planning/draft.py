@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
+from etoperator.builders import runtimes
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.phases import Happened, next_phase
 from etoperator.planning.rules import by_index, lone_host_waits
@@ -180,14 +181,24 @@ class Draft:
                 self.set_cond(ctype, "False", "NewRun", "a new run is starting")
 
     def stop_run(self, reason: str, message: str) -> None:
-        """Every pod goes and the run's membership with it; a running scale fails (spec
-        replicas go back to the size before it, for the next run)."""
+        """Every pod goes (a Horovod run's launcher first: runtimes.launcher_stops_first) and the
+        run's membership with it; a running scale fails (spec replicas go back to the size
+        before it, for the next run)."""
         active = self.active_scaler()
         if active is not None:
             before = set(self.status.target_workers or []) ^ set(active.planned)
             self.follow_members(len(before))
+        first = runtimes.of(self.spec).launcher_stops_first
+        saving = first and self.launcher is not None and self.launcher.phase == "Running"
         for pod in self.inp.pods:
+            running = pod.role == naming.ROLE_WORKER and pod.phase == "Running"
+            if saving and running:
+                continue  # until the launcher, asking for a save as it stops, is gone
             self.delete(pod.name)
+            if first and running and pod.name in self.plan.delete_pods:
+                self.plan.stop_now.append(pod.name)
+        if saving:
+            self.await_pods("the launcher stops first, asking the training to save")
         # The host list Horovod reads empties once the launcher is gone (complete_plan): an
         # empty list would end the training before the launcher's preStop asked it to save.
         training = self.launcher is not None and self.launcher.phase == "Running"

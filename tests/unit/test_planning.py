@@ -943,3 +943,35 @@ def test_new_workers_join_the_host_list_together() -> None:
     ):
         alone = plan_job(inp(spec, status, [w(0), w(1), w(2, age=40.0), stuck, launcher()]))
         assert alone.hosts == ["j-worker-0", "j-worker-1", "j-worker-2"], stuck
+
+
+def suspended(body: dict[str, Any]) -> JobSpec:
+    body["metadata"].update(
+        namespace="ns", uid="u", annotations={"job-supervisor.kube-ai.io/job-suspended": "true"}
+    )
+    return parse_job(body)
+
+
+def test_a_whole_stop_of_a_horovod_run_stops_its_launcher_first_then_its_workers_at_once() -> None:
+    """Suspended (or evicted whole): the launcher goes first, its preStop asking the training to
+    save; its running workers only once it is gone, and then at once. Deleted with it, each
+    worker's preStop waited for Horovod to leave it, which a run saved for its stop never does
+    (rank 0 holds after its save): every whole stop took the workers' 30 s grace period."""
+    spec = suspended(job("j", sharedVolume={"storage": "1Gi"}))
+    pods = [w(0), w(1), w(2, "Pending", False), launcher(deleting=False)]
+    first = plan_job(inp(spec, running_status([0, 1, 2]), pods))
+    assert first.status.phase == "Suspended"
+    assert sorted(first.delete_pods) == ["j-launcher", "j-worker-2"]
+    saving = plan_job(inp(spec, first.status, [w(0), w(1), launcher(deleting=True)]))
+    assert saving.delete_pods == []
+    gone = plan_job(inp(spec, first.status, [w(0), w(1)]))
+    assert gone.delete_pods == ["j-worker-0", "j-worker-1"] == gone.stop_now
+
+
+def test_a_whole_stop_of_a_torchrun_run_stops_every_pod_together() -> None:
+    """torchrun's workers save at their own SIGTERM and meet at the launcher's rendezvous: all
+    go together, each with its grace period to save in."""
+    spec = suspended(torchrun_job("j", 2, ["--steps", "5"]))
+    plan = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()]))
+    assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
+    assert plan.stop_now == []

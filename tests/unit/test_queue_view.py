@@ -123,6 +123,8 @@ def test_a_workload_finished_for_a_slice_that_is_gone_is_an_admission_lost() -> 
     assert (
         plan.status.phase == "Queued" and cond(plan.status, "Queued")["reason"] == "AdmissionLost"
     )
-    assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
-    later = plan_job(queued(spec, plan.status, [], q))
+    assert plan.delete_pods == ["j-launcher"]  # its workers once it is gone
+    workers = plan_job(queued(spec, plan.status, [w(0), w(1)], q))
+    assert workers.delete_pods == ["j-worker-0", "j-worker-1"]
+    later = plan_job(queued(spec, workers.status, [], q))
     assert later.delete_workloads == ["w"] and later.status.phase == "Queued"
