@@ -198,7 +198,7 @@ def launch(
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")
         return m
-    m = m.hosting(*together(d, m, [n for n in ready if n not in newcomers]))
+    m = m.hosting(*together(d, m, [n for n in ready if n not in newcomers], newcomers))
     say_workers_ready(d, len(m.hosts), event=False)
     return follow_launcher(d, m, launcher)
 
@@ -207,18 +207,19 @@ def launch(
 JOIN_TOGETHER = 30.0
 
 
-def together(d: Draft, m: Members, ready: list[str]) -> list[str]:
+def together(d: Draft, m: Members, ready: list[str], newcomers: set[str]) -> list[str]:
     """The ready workers that join the host list now: outside a ScaleOut (Kueue admitting
     more, replacements) all in one change, as a ScaleOut's do. Each change resets Horovod's
     ranks, and one made while they reset for the last (a new rank still starting) is dropped
     at their reset: the job would never grow to that worker. So while another new worker is
     starting (placed, made less than JOIN_TOGETHER ago), the ready ones wait for it; one
-    that is not placed, has failed or is late holds no one back."""
+    that is not placed, has failed or is late holds no one back, nor does a running
+    ScaleOut's (`newcomers`: they join on its terms)."""
     joining = [n for n in ready if n not in m.hosts]
     starting = [
         n
         for n in m.members
-        if n not in m.hosts and n not in ready
+        if n not in m.hosts and n not in ready and n not in newcomers
         and (v := d.workers.get(n)) is not None and v.bound and not v.gone_bad and not v.ready
         and v.age is not None and v.age < JOIN_TOGETHER
     ]  # fmt: skip

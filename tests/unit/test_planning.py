@@ -975,3 +975,15 @@ def test_a_whole_stop_of_a_torchrun_run_stops_every_pod_together() -> None:
     plan = plan_job(inp(spec, running_status([0, 1]), [w(0), w(1), launcher()]))
     assert sorted(plan.delete_pods) == ["j-launcher", "j-worker-0", "j-worker-1"]
     assert plan.stop_now == []
+
+
+def test_a_running_scale_out_s_new_worker_holds_back_no_replacement() -> None:
+    """A ScaleOut's worker joins on the scale's terms (all of its workers at once): a
+    replacement made meanwhile joins the host list when ready, not held for it."""
+    spec = jspec(replicas=3, maxReplicas=4, workerRestartPolicy="Always")
+    frozen = {"phase": "Scaling", "addPods": ["j-worker-2"], "startTime": "2026-01-01T11:59:50Z"}
+    so = scaler(scaleout("grow", "j", 1), status=frozen)
+    status = running_status([1, 2, 3], hosts=[1], currentScaler="ScaleOut:ns/grow")
+    pods = [w(1), w(2, ready=False, bound=True, age=5.0), w(3, age=5.0), launcher()]
+    plan = plan_job(inp(spec, status, pods, [so], published=["j-worker-1"]))
+    assert plan.hosts == ["j-worker-1", "j-worker-3"]
