@@ -188,8 +188,10 @@ class Draft:
         if active is not None:
             before = set(self.status.target_workers or []) ^ set(active.planned)
             self.follow_members(len(before))
+        # While the launcher runs, its preStop may be asking the training to save.
+        training = self.launcher is not None and self.launcher.phase == "Running"
         first = runtimes.of(self.spec).launcher_stops_first
-        saving = first and self.launcher is not None and self.launcher.phase == "Running"
+        saving = first and training
         for pod in self.inp.pods:
             running = pod.role == naming.ROLE_WORKER and pod.phase == "Running"
             if saving and running:
@@ -201,7 +203,6 @@ class Draft:
             self.await_pods("the launcher stops first, asking the training to save")
         # The host list Horovod reads empties once the launcher is gone (complete_plan): an
         # empty list would end the training before the launcher's preStop asked it to save.
-        training = self.launcher is not None and self.launcher.phase == "Running"
         self.set_members(Members((), ()), publish=not training)
         if active is not None:
             self.fail_scaler(active, reason, message)

@@ -198,7 +198,7 @@ def launch(
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
         d.await_pods("waiting to start the launcher")
         return m
-    m = m.hosting(*together(d, m, [n for n in ready if n not in newcomers], newcomers))
+    m = m.hosting(*together(d, m, ready, newcomers))
     say_workers_ready(d, len(m.hosts), event=False)
     return follow_launcher(d, m, launcher)
 
@@ -215,18 +215,18 @@ def together(d: Draft, m: Members, ready: list[str], newcomers: set[str]) -> lis
     starting (placed, made less than JOIN_TOGETHER ago), the ready ones wait for it; one
     that is not placed, has failed or is late holds no one back, nor does a running
     ScaleOut's (`newcomers`: they join on its terms)."""
-    joining = [n for n in ready if n not in m.hosts]
+    joining = [n for n in ready if n not in m.hosts and n not in newcomers]
     starting = [
         n
         for n in m.members
-        if n not in m.hosts and n not in ready and n not in newcomers
+        if n not in m.hosts and n not in newcomers
         and (v := d.workers.get(n)) is not None and v.bound and not v.gone_bad and not v.ready
         and v.age is not None and v.age < JOIN_TOGETHER
     ]  # fmt: skip
     if joining and starting:
         d.come_back(f"{', '.join(joining)} wait to join with {', '.join(starting)}")
-        return [n for n in ready if n in m.hosts]
-    return ready
+        return []
+    return joining
 
 
 def say_pending(d: Draft, m: Members) -> None:

@@ -1,6 +1,6 @@
 """The one executor of a pass's writes (planning/writes.py says their order and why): a table
 from each write's type to the method that makes it. Every write the pass makes goes through
-`run`; the stage a write belongs to (planning/writes.py `stage`) is all JobReconciler.act
+`run`; the stage a write belongs to (planning/writes.py `STAGES`) is all JobReconciler.act
 needs to know about it."""
 
 from __future__ import annotations
