@@ -356,7 +356,11 @@ def test_a_worker_is_listed_only_once_the_launcher_resolves_its_name(
     listed only once the launcher resolves it, and the ScaleOut succeeds then."""
     cluster.create(horovod_job("lag", 2, steps=1_000_000, maxReplicas=3), ns)
     tr = training(cluster, ns, "lag")
-    wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
+    try:
+        wait_for(lambda: any(s[1] == 2 for s in tr.read().steps), 180, "training at size 2")
+    except Timeout as exc:  # its launcher failed at the start once (exit 1): say what it said
+        said = own_lines(cluster.pod_log(ns, "lag-launcher"), 40)
+        raise AssertionError("\n".join(said)) from exc
     new = "lag-worker-2"
     with cluster.cp.paused("kube-controller-manager"):
         cluster.create(scaleout("grow", "lag", 1, timeout=180), ns)
