@@ -32,7 +32,7 @@ import torch
 # it in their first sync).
 import torch._dynamo
 import torch.nn.functional as F
-from savepoint import SaveRequests, hold
+from savepoint import SaveRequests, hold, write_whole
 
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "elastic_train.pt"
@@ -63,12 +63,9 @@ def evaluate(model: torch.nn.Module) -> float:
 def save(directory: str, state: hvd.elastic.TorchState) -> None:
     """The committed state, atomically (a reader sees the old checkpoint or the new one)."""
     os.makedirs(directory, exist_ok=True)
-    path, tmp = os.path.join(directory, CHECKPOINT), os.path.join(directory, f".{CHECKPOINT}")
     saved = {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict()}
-    torch.save({**saved, "step": state.step, "eval_before": state.eval_before}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    saved |= {"step": state.step, "eval_before": state.eval_before}
+    write_whole(os.path.join(directory, CHECKPOINT), lambda tmp: torch.save(saved, tmp))
 
 
 def load(directory: str, state: hvd.elastic.TorchState) -> None:

@@ -14,7 +14,11 @@ Nothing of this is needed for ScaleOut, ScaleIn or a lost worker: every rank hol
 from __future__ import annotations
 
 import os
+import signal
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 
 REQUEST, REPORT, MARKER = ".etoperator-save-request", ".etoperator-saved", ".etoperator-saves"
 
@@ -45,16 +49,39 @@ class SaveRequests:
         return False
 
     def report(self, step: int) -> None:
-        """Written whole (a reader sees the old report or the new one)."""
-        path = os.path.join(self.directory, REPORT)
-        with open(f"{path}.tmp", "w") as f:
-            f.write(f"step={step} t={time.time():.3f}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f"{path}.tmp", path)
+        def write(tmp: str) -> None:
+            with open(tmp, "w") as f:
+                f.write(f"step={step} t={time.time():.3f}\n")
+
+        write_whole(os.path.join(self.directory, REPORT), write)
 
 
 def hold() -> None:
     """Saved for a stop: train no further (a step now would be lost), until it comes."""
     while True:
         time.sleep(1)
+
+
+def write_whole(path: str, write: Callable[[str], None]) -> None:
+    """`write(tmp)`, then `tmp` renamed to `path`: a reader sees the old file or the new one.
+
+    A SIGTERM meanwhile is handled once the rename is done: a stop's handler saves too, and
+    a save begun in it would write into this one's file. The temporary name is unique on a
+    shared volume, where processes of other pods have the same pids."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path))
+    os.close(fd)
+    deferred: list[int] = []
+    main = threading.current_thread() is threading.main_thread()  # where handlers may be set
+    handler = signal.signal(signal.SIGTERM, lambda n, _f: deferred.append(n)) if main else None
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if main:
+            signal.signal(signal.SIGTERM, handler)
+    if deferred and callable(handler):
+        handler(deferred[0], None)

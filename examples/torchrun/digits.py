@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from digits_data import accuracy, data, model_  # the Horovod example's data and model
-from savepoint import SaveRequests, hold
+from savepoint import SaveRequests, hold, write_whole
 
 CHECKPOINT = "digits.pt"
 PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's stop
@@ -63,15 +63,9 @@ class State:
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, CHECKPOINT)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        torch.save(
-            {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
-             "step": self.step, "epoch": self.epoch, "position": self.position},
-            tmp,
-        )  # fmt: skip
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: a reader sees the old checkpoint or the new one
+        saved = {"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                 "step": self.step, "epoch": self.epoch, "position": self.position}  # fmt: skip
+        write_whole(path, lambda tmp: torch.save(saved, tmp))
 
     def load(self, directory: str) -> bool:
         path = os.path.join(directory, CHECKPOINT)

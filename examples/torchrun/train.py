@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from savepoint import SaveRequests, hold  # examples/, beside this directory
+from savepoint import SaveRequests, hold, write_whole  # examples/, beside this directory
 
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "checkpoint.pt"
@@ -74,20 +74,14 @@ class State:
     def save(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, CHECKPOINT)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        torch.save(
-            {
-                "model": self.model.state_dict(),
-                "opt": self.opt.state_dict(),
-                "step": self.step,
-                "epoch": self.epoch,
-                "position": self.position,
-            },
-            tmp,
-        )
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: a reader sees the old checkpoint or the new one
+        saved = {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
+        write_whole(path, lambda tmp: torch.save(saved, tmp))
 
     def load(self, directory: str) -> str | None:
         path = os.path.join(directory, CHECKPOINT)

@@ -117,3 +117,42 @@ def test_a_stop_keeps_the_host_list_until_the_launcher_is_gone() -> None:
     assert stop.hosts is None  # Horovod still trains on them: the save comes first
     gone = plan_job(dataclasses.replace(inp(spec, stop.status, [w(0), w(1)]), published=published))
     assert gone.hosts == [] and gone.delete_pods == ["j-worker-0", "j-worker-1"]
+
+
+STOPPED_MID_SAVE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from savepoint import write_whole
+path = sys.argv[2]
+
+def bytes_(data: bytes):
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data[:4096])
+            if data.startswith(b"A"):
+                os.kill(os.getpid(), signal.SIGTERM)  # the stop comes mid-save
+            f.write(data[4096:])
+    return write
+
+def stopped(signum, _frame):  # as the examples: the stop's own save, then exit
+    write_whole(path, bytes_(b"B" * 8192))
+    sys.exit(128 + signum)
+
+signal.signal(signal.SIGTERM, stopped)
+write_whole(path, bytes_(b"A" * 8192))
+"""
+
+
+def test_a_stop_that_comes_mid_save_leaves_a_whole_checkpoint(tmp_path: Path) -> None:
+    """A SIGTERM during a save runs the stop's own save (every example's handler does): the
+    checkpoint is then one save whole, never one written into the other's file (seen as a
+    checkpoint torch.load could not read, the run failed at its next start)."""
+    import sys
+
+    from tests.support.modules import ROOT
+
+    path = tmp_path / "ckpt"
+    code = [sys.executable, "-c", STOPPED_MID_SAVE, str(ROOT / "examples"), str(path)]
+    done = subprocess.run(code, timeout=30, capture_output=True)
+    assert done.returncode == 143, done.stderr
+    assert path.read_bytes() in (b"A" * 8192, b"B" * 8192), path.read_bytes()[:32]
