@@ -149,9 +149,17 @@ Write = (
 
 
 def ordered(plan: Plan, old_status: JobStatus, pods: bool, queue: Queueing | None) -> list[Write]:
-    """The plan's writes in order. `pods`: the job's children may be touched this pass (its
-    spec parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is
-    in a queue or still has Workloads."""
+    """The plan's writes in order: a stable sort by ORDER (writes of one kind keep the plan's
+    order). `pods`: the job's children may be touched this pass (its spec parsed, the Secret,
+    ConfigMap and RBAC its pods need in place); `queue`: the job is in a queue or still has
+    Workloads."""
+    writes = emitted(plan, old_status, queue)
+    kept = [w for w in writes if pods or STAGES[type(w)] is not Stage.CHILDREN]
+    return sorted(kept, key=lambda w: RANK[type(w)])
+
+
+def emitted(plan: Plan, old_status: JobStatus, queue: Queueing | None) -> list[Write]:
+    """Every write the plan asks for, in no order of consequence."""
     writes: list[Write] = []
     if plan.make_secret or plan.make_config_map:
         writes.append(MakeBasics(plan.make_secret, plan.make_config_map))
@@ -165,8 +173,6 @@ def ordered(plan: Plan, old_status: JobStatus, pods: bool, queue: Queueing | Non
         writes.append(JobStatusWrite(plan.status))
     if plan.spec_replicas is not None:
         writes.append(SpecReplicas(plan.spec_replicas))
-    if not pods:
-        return writes
     if plan.make_gang:
         writes.append(MakeGang())
     if plan.hosts is not None:
@@ -206,25 +212,15 @@ class Stage(enum.IntEnum):
     CHILDREN = 2  # the job's pods and what goes with them, only when they may be touched
 
 
-STAGES: dict[type, Stage] = {
-    **dict.fromkeys((MakeBasics, MakeLauncherAccess, UpdateLauncherRole), Stage.BASICS),
-    **dict.fromkeys((AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas), Stage.STATUSES),
-    **dict.fromkeys(
-        (
-            MakeGang,
-            HostList,
-            DeletePod,
-            WorkerObjects,
-            MakeLauncher,
-            MakeScaler,
-            DropWorkloads,
-            DeleteWorkload,
-            MakeWorkload,
-            UpdateWorkload,
-        ),
-        Stage.CHILDREN,
-    ),
-}
+# The one order of a pass's writes, by stage (the module's docstring says why).
+ORDER: tuple[tuple[Stage, tuple[type, ...]], ...] = (
+    (Stage.BASICS, (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)),
+    (Stage.STATUSES, (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas)),
+    (Stage.CHILDREN, (MakeGang, HostList, DeletePod, WorkerObjects, MakeLauncher, MakeScaler,
+                      DropWorkloads, DeleteWorkload, MakeWorkload, UpdateWorkload)),
+)  # fmt: skip
+RANK: dict[type, int] = {kind: i for i, kind in enumerate(k for _, ks in ORDER for k in ks)}
+STAGES: dict[type, Stage] = {kind: stage for stage, kinds in ORDER for kind in kinds}
 
 
 def staged(writes: list[Write], stage: Stage) -> list[Write]:
