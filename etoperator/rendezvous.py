@@ -11,6 +11,11 @@ job's own image (it needs torch, which the workers' image has) in two ways:
   and a round is closed as soon as it holds as many nodes as the host list (DISCOVER prints
   it), not after torch's 30 s last call. Its exit is the run's: 0 once every agent passed
   torch's exit barrier, 1 when the rendezvous closed without it (an agent gave up).
+- `agent TORCHRUN-ARGS`: a worker's torchrun (its own parser, launch and agent), but its
+  worker processes are forked from a process that imported torch once (multiprocessing's
+  forkserver; the script run as `python script.py` runs it): a restart at a membership change
+  then costs no new Python and no torch import, the most of a restart on a busy node. A
+  command that asks for a start method, a module or no Python is torchrun's as it is.
 - `leave`: a worker's preStop. It stops its own agent where it stands (neither failing its
   workers nor joining another round), asks the launcher to take it out, waits for that, then
   ends the agent with SIGTERM (torch then leaves the rendezvous open for the others).
@@ -160,7 +165,9 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
 def describe(state: Any) -> str:
     nodes = ",".join(sorted(n.addr for n in state.participants))
     what = "complete" if state.complete else "forming"
-    return f"round {state.round} {what}: {len(state.participants)} nodes [{nodes}]"
+    said = f"round {state.round} {what}: {len(state.participants)} nodes [{nodes}]"
+    waiting = sorted(n.addr for n in state.wait_list)
+    return f"{said}, waiting [{','.join(waiting)}]" if waiting else said
 
 
 def agents(addr: str) -> list[int]:
@@ -178,8 +185,9 @@ def agents(addr: str) -> list[int]:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        agent = any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3])
-        if agent and mine in env:
+        ours = argv[1:3] == [os.path.abspath(__file__).encode(), b"agent"]
+        torchrun = any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3])
+        if (ours or torchrun) and mine in env:
             found.append(int(entry))
     return found
 
@@ -206,6 +214,49 @@ def leave() -> int:
     return 0
 
 
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy")
+AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--no-python",
+            "--no_python", "-m", "--module")  # fmt: skip
+
+
+def agent(argv: list[str]) -> int:
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args = run.get_args_parser().parse_args(argv)
+    options = argv[: len(argv) - len(args.training_script_args)]
+    forked = not any(o.split("=", 1)[0] in AS_IT_IS for o in options)
+    if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
+        args.run_path, args.start_method = True, "forkserver"
+        run.run_script_path = run_script  # what torchrun runs for --run-path
+        multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
+        multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
+    record(run.run)(args)
+    return 0
+
+
+def run_script(training_script: str, *training_script_args: str) -> None:
+    """A worker process: the script as `python -u path args` runs it. Its sys.exit(0) is a
+    return (torch's agent waits for the function's return value)."""
+    import io
+    import runpy
+
+    path = training_script
+    sys.argv = [path, *training_script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(write_through=True)
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as end:
+        if end.code not in (None, 0):
+            raise
+
+
 def stop(signum: int, _frame: object) -> None:
     """As a container's first process the server gets no default action for SIGTERM: without
     this it would hold its pod for the whole grace period (30 s of every suspend)."""
@@ -218,7 +269,10 @@ def main(argv: list[str]) -> int:
         return serve(int(argv[1]), argv[2], int(argv[3]), argv[4])
     if argv == ["leave"]:
         return leave()
-    print("usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER | leave", file=sys.stderr)
+    if argv[:1] == ["agent"]:
+        return agent(argv[1:])
+    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER | agent ARGS | leave"
+    print(usage, file=sys.stderr)
     return 2
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from localcluster.world import World, wait_for
 
 SAMPLE = 0.3  # seconds between reads of the workers' logs
+TAIL = 4000  # characters of each worker's log kept for a failure's report
 START = re.compile(r"START size=(\d+) restarts=(\d+)")
 STEP = re.compile(r"STEP (\d+) size=(\d+) loss=[\d.]+ first=(\d+) t=([\d.]+)")
 ENDS = re.compile(r"^(?:EPOCH|DONE) .*$", re.M)  # examples/torchrun/digits.py's
@@ -40,6 +41,7 @@ class Logbook:
         self.starts: set[tuple[str, int, int, int]] = set()
         self.steps: set[tuple[int, int, int, float]] = set()
         self.ends: set[str] = set()
+        self.tails: dict[str, str] = {}  # each worker's last words, kept when its pod goes
         self.lock = threading.Lock()
         self.reads, self.failed = 0, ""
         self.done = threading.Event()
@@ -62,12 +64,19 @@ class Logbook:
         # A deleted worker prints on while its preStop takes it out of the rendezvous.
         for pod in self.cluster.pods(self.ns, self.job, "worker", live=False):
             text = self.cluster.pod_log(self.ns, pod)
+            self.tails[pod] = text[-TAIL:] if text else self.tails.get(pod, "")
             found = START.findall(text)
             self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
             self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
             self.ends |= set(ENDS.findall(text))
         starts = [(a, b) for _, _, a, b in sorted(self.starts)]
         return Seen(starts, sorted(self.steps, key=lambda x: x[3]))
+
+    def said(self) -> str:
+        """Every worker's last lines as last read, the deleted ones' too: what a failed test
+        shows (a worker that stalled a round may be gone by the time it fails)."""
+        with self.lock:
+            return "".join(f"--- {pod} ---\n{text}\n" for pod, text in sorted(self.tails.items()))
 
     def epochs(self) -> str:
         """The digits script's EPOCH lines in their order, then its DONE line."""

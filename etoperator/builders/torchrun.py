@@ -6,6 +6,7 @@ Pure, as every builder."""
 from __future__ import annotations
 
 import copy
+import os
 import shlex
 from typing import Any
 
@@ -100,6 +101,17 @@ def wait_for_rendezvous(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
     return init
 
 
+def forked_agent(container: dict[str, Any]) -> None:
+    """A command that starts with torchrun runs it through the rendezvous script's `agent`:
+    the same torchrun, its worker processes forked with torch imported (each membership
+    change restarts them all). An image's own entrypoint is left as it is (not seen here)."""
+    command = [str(a) for a in container.get("command") or []]
+    if not command or os.path.basename(command[0]) != "torchrun":
+        return
+    run = f'exec {PYTHON} {SCRIPT} agent "$@"'
+    container["command"] = ["sh", "-c", run, "torchrun", *command[1:]]  # then the args
+
+
 def worker_pod(
     spec: JobSpec, owner: Owner, index: int, run: int, placement: Placement = ANYWHERE
 ) -> dict[str, Any]:
@@ -112,6 +124,7 @@ def worker_pod(
     leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave"]}}
     if not plain(spec):
         first.setdefault("lifecycle", {}).setdefault("preStop", leave)
+        forked_agent(first)
     inits = [
         c for c in pod_spec.get("initContainers") or [] if c.get("name") != "wait-for-rendezvous"
     ]

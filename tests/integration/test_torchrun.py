@@ -93,8 +93,8 @@ def test_the_demo_s_torchrun_tour_trains_every_sample_and_matches_a_static_run(
     try:
         timings = tour.run(extra=extra)
     except AssertionError:  # what the job's pods said (rank 0's lines, torch's own)
-        for pod in cluster.pods(ns, job, live=False):
-            print(f"--- {pod} ---\n{cluster.pod_log(ns, pod)[-3000:]}")
+        print(f"--- {job}-launcher ---\n{cluster.pod_log(ns, f'{job}-launcher')[-3000:]}")
+        print(book.said())
         raise
     assert set(timings) == {"scale_out_+2", "scale_in_by_name", "kubectl_scale_2", "worker_killed"}
     elastic = digits.Run(book.epochs())

@@ -7,6 +7,7 @@ import copy
 import os
 import pickle
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +45,9 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
     assert env["PET_LOCAL_ADDR"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["CHECKPOINT_DIR"] == "/checkpoints"  # the user's own stays
     first = pod["spec"]["containers"][0]
-    assert first["command"][0] == "torchrun"
+    # torchrun's own arguments, run by the rendezvous script's agent (workers forked warm)
+    assert first["command"][:2] == ["sh", "-c"] and "rendezvous.py agent" in first["command"][2]
+    assert first["command"][3] == "torchrun"
     assert "leave" in first["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
@@ -181,3 +184,46 @@ def test_the_rendezvous_host_stops_at_sigterm_as_a_container_s_first_process() -
     finally:
         proc.kill()
         proc.wait()
+
+
+WORKER = """
+import sys
+warm = "torch" in sys.modules  # before this script imported anything
+import os
+import helper  # beside the script, as `python script.py` finds it
+rank = os.environ["RANK"]
+with open(os.path.join(sys.argv[1], rank), "w") as f:
+    print(__name__, warm, helper.WORD, *sys.argv[2:], file=f)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, str]]:
+    import subprocess
+    import sys
+
+    (tmp_path / "script.py").write_text(WORKER)
+    (tmp_path / "helper.py").write_text("WORD = 'found'\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, rendezvous.__file__, "agent", "--standalone", "--nproc-per-node=2",
+            *options, str(tmp_path / "script.py"), str(out), str(code), "x y"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    return done.returncode, {p.name: p.read_text().strip() for p in out.iterdir()}
+
+
+def test_the_agent_runs_the_script_in_workers_forked_with_torch_imported(tmp_path: Path) -> None:
+    """What a restart at every membership change saves: a Python and torch's import."""
+    code, said = run_agent(tmp_path, 0)
+    assert code == 0 and said == dict.fromkeys(("0", "1"), "__main__ True found 0 x y")
+
+
+def test_a_worker_s_failure_is_the_agent_s(tmp_path: Path) -> None:
+    code, said = run_agent(tmp_path, 3)
+    assert code != 0 and said["0"] == "__main__ True found 3 x y"
+
+
+def test_a_start_method_asked_for_is_torchrun_s_as_it_is(tmp_path: Path) -> None:
+    code, said = run_agent(tmp_path, 0, "--start-method=spawn")
+    assert code == 0 and said["0"] == "__main__ False found 0 x y"
