@@ -16,7 +16,12 @@ from etoperator.builders import gang, pods
 from etoperator.builders.common import ANYWHERE, Owner, Placement
 
 KEEP_ALIVE = 1  # seconds between an agent's heartbeats (torch: 5)
-KEEP_ALIVE_MISSED = 3  # heartbeats missed before a node counts as dead (torch: 3, so 15 s)
+# Heartbeats missed before a node counts as dead (torch: 3, so 15 s). A node that leaves on
+# purpose is dropped at once (its leave hook); a killed one's peers fail their collective and
+# wait the script's grace (the examples: 5 s) before their agents rejoin, by when it is swept.
+# Fewer than 5 s swept live agents of starved nodes (two busy cores): torch stops a swept
+# node's heartbeats without telling its agent, which runs on outside every round.
+KEEP_ALIVE_MISSED = 5
 CONNECT_WAIT = 300  # seconds a worker's first container waits for the rendezvous to listen
 SCRIPT = f"{naming.CONFIG_MOUNT}/{naming.RENDEZVOUS_KEY}"
 PYTHON = "$(command -v python3 || command -v python)"
