@@ -56,10 +56,16 @@ class SaveRequests:
         write_whole(os.path.join(self.directory, REPORT), write)
 
 
-def hold() -> None:
-    """Saved for a stop: train no further (a step now would be lost), until it comes."""
-    while True:
-        time.sleep(1)
+HOLD_MOST = 60.0  # seconds: a stop comes within the launcher's grace period (30 s) of its ask
+
+
+def hold(most: float = HOLD_MOST) -> None:
+    """Saved for a stop: train no further (a step now would be lost) until it comes. A request
+    no stop follows (a file touched by hand, a hook cut short) holds the run `most` seconds,
+    then training goes on: it costs a pause, never a run that hangs."""
+    end = time.monotonic() + most
+    while time.monotonic() < end:
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
 
 
 def write_whole(path: str, write: Callable[[str], None]) -> None:

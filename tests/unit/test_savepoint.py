@@ -156,3 +156,9 @@ def test_a_stop_that_comes_mid_save_leaves_a_whole_checkpoint(tmp_path: Path) ->
     done = subprocess.run(code, timeout=30, capture_output=True)
     assert done.returncode == 143, done.stderr
     assert path.read_bytes() in (b"A" * 8192, b"B" * 8192), path.read_bytes()[:32]
+
+
+def test_a_request_no_stop_follows_pauses_the_run_and_never_hangs_it() -> None:
+    t0 = time.monotonic()
+    savepoint().hold(0.3)
+    assert 0.3 <= time.monotonic() - t0 < 2
