@@ -232,6 +232,11 @@ def agent(argv: list[str]) -> int:
     if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
         args.run_path, args.start_method = True, "forkserver"
         run.run_script_path = run_script  # what torchrun runs for --run-path
+        if (
+            "OMP_NUM_THREADS" not in os.environ
+            and run.determine_local_world_size(args.nproc_per_node) > 1
+        ):  # as torchrun sets it, but before torch is loaded where the workers fork from
+            os.environ["OMP_NUM_THREADS"] = "1"
         multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
         multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
     record(run.run)(args)

@@ -191,9 +191,10 @@ import sys
 warm = "torch" in sys.modules  # before this script imported anything
 import os
 import helper  # beside the script, as `python script.py` finds it
+import torch
 rank = os.environ["RANK"]
 with open(os.path.join(sys.argv[1], rank), "w") as f:
-    print(__name__, warm, helper.WORD, *sys.argv[2:], file=f)
+    print(__name__, warm, helper.WORD, torch.get_num_threads(), *sys.argv[2:], file=f)
 sys.exit(int(sys.argv[2]))
 """
 
@@ -208,7 +209,8 @@ def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, 
     out.mkdir()
     argv = [sys.executable, rendezvous.__file__, "agent", "--standalone", "--nproc-per-node=2",
             *options, str(tmp_path / "script.py"), str(out), str(code), "x y"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    ours = ("PET_", "OMP_NUM_THREADS")  # torchrun's flags, and what it sets for 2 processes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     return done.returncode, {p.name: p.read_text().strip() for p in out.iterdir()}
 
@@ -216,14 +218,14 @@ def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, 
 def test_the_agent_runs_the_script_in_workers_forked_with_torch_imported(tmp_path: Path) -> None:
     """What a restart at every membership change saves: a Python and torch's import."""
     code, said = run_agent(tmp_path, 0)
-    assert code == 0 and said == dict.fromkeys(("0", "1"), "__main__ True found 0 x y")
+    assert code == 0 and said == dict.fromkeys(("0", "1"), "__main__ True found 1 0 x y")
 
 
 def test_a_worker_s_failure_is_the_agent_s(tmp_path: Path) -> None:
     code, said = run_agent(tmp_path, 3)
-    assert code != 0 and said["0"] == "__main__ True found 3 x y"
+    assert code != 0 and said["0"] == "__main__ True found 1 3 x y"
 
 
 def test_a_start_method_asked_for_is_torchrun_s_as_it_is(tmp_path: Path) -> None:
     code, said = run_agent(tmp_path, 0, "--start-method=spawn")
-    assert code == 0 and said["0"] == "__main__ False found 0 x y"
+    assert code == 0 and said["0"] == "__main__ False found 1 0 x y"
