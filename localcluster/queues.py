@@ -132,6 +132,20 @@ def reserved(cluster: World, cq: str) -> int:
     return total
 
 
+def admitted(live: list[dict[str, Any]], cq: str) -> int:
+    """What the Workloads Kueue admitted to `cq` and not finished hold, in millicores: the
+    admission each carries, written as Kueue reserves it (the ClusterQueue's status totals it
+    a moment later, seen over a second later on a loaded machine)."""
+    total = 0
+    for w in live:
+        admission = (w.get("status") or {}).get("admission") or {}
+        if admission.get("clusterQueue") != cq or finished(w):
+            continue
+        for podset in admission.get("podSetAssignments") or []:
+            total += millicpu((podset.get("resourceUsage") or {}).get("cpu"))
+    return total
+
+
 def pods_request(pods: list[dict[str, Any]]) -> int:
     """What the jobs' pods that hold their nodes' resources ask for (all but those ended; one
     being deleted runs until it is gone)."""
@@ -151,7 +165,8 @@ class QuotaWatch:
     worker runs for a job none of whose unfinished Workloads holds a reservation. Kueue writes
     the ClusterQueue's status a moment after it admits, so a breach counts once it lasts
     `lasting` seconds (the defects this guards against lasted tens of seconds); the
-    reservation is read before and after the pods and the larger taken."""
+    reservation is the largest of the ClusterQueue's before and after the pods and what the
+    admissions of the Workloads read after them hold."""
 
     cluster: World
     ns: str
@@ -204,7 +219,7 @@ class QuotaWatch:
             if (p["metadata"].get("labels") or {}).get(naming.LABEL_GROUP) == naming.GROUP
         ]
         live = workloads(self.cluster, self.ns)
-        ceiling = max(before, reserved(self.cluster, self.cq))
+        ceiling = max(before, reserved(self.cluster, self.cq), admitted(live, self.cq))
         found = {}
         asked = pods_request(pods)
         if asked > ceiling:
