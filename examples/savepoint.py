@@ -78,7 +78,10 @@ def write_whole(path: str, write: Callable[[str], None]) -> None:
     os.close(fd)
     deferred: list[int] = []
     main = threading.current_thread() is threading.main_thread()  # where handlers may be set
-    handler = signal.signal(signal.SIGTERM, lambda n, _f: deferred.append(n)) if main else None
+    handler = signal.getsignal(signal.SIGTERM) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, lambda n, _f: deferred.append(n))
+        handler = signal.SIG_DFL if handler is None else handler  # one not set from Python
     try:
         write(tmp)
         with open(tmp, "rb") as f:
@@ -91,3 +94,5 @@ def write_whole(path: str, write: Callable[[str], None]) -> None:
             signal.signal(signal.SIGTERM, handler)
     if deferred and callable(handler):
         handler(deferred[0], None)
+    elif deferred and handler == signal.SIG_DFL:
+        signal.raise_signal(signal.SIGTERM)  # no handler: the stop ends the process, as it would

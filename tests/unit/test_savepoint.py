@@ -138,7 +138,8 @@ def stopped(signum, _frame):  # as the examples: the stop's own save, then exit
     write_whole(path, bytes_(b"B" * 8192))
     sys.exit(128 + signum)
 
-signal.signal(signal.SIGTERM, stopped)
+if len(sys.argv) < 4:  # else no handler: the stop's default action, once the save is whole
+    signal.signal(signal.SIGTERM, stopped)
 write_whole(path, bytes_(b"A" * 8192))
 """
 
@@ -162,3 +163,18 @@ def test_a_request_no_stop_follows_pauses_the_run_and_never_hangs_it() -> None:
     t0 = time.monotonic()
     savepoint().hold(0.3)
     assert 0.3 <= time.monotonic() - t0 < 2
+
+
+def test_a_stop_mid_save_of_a_script_without_a_handler_ends_it_once_the_save_is_whole(
+    tmp_path: Path,
+) -> None:
+    import signal
+    import sys
+
+    from tests.support.modules import ROOT
+
+    path = tmp_path / "ckpt"
+    code = [sys.executable, "-c", STOPPED_MID_SAVE, str(ROOT / "examples"), str(path), "plain"]
+    done = subprocess.run(code, timeout=30, capture_output=True)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert path.read_bytes() == b"A" * 8192
