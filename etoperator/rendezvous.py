@@ -175,6 +175,7 @@ def agents(addr: str) -> list[int]:
     container, its one agent."""
     found = []
     mine = f"PET_LOCAL_ADDR={addr}".encode()
+    ours = [os.path.abspath(__file__).encode(), b"agent"]  # our agent's argv[1:3]
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -185,9 +186,8 @@ def agents(addr: str) -> list[int]:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        ours = argv[1:3] == [os.path.abspath(__file__).encode(), b"agent"]
         torchrun = any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3])
-        if (ours or torchrun) and mine in env:
+        if (argv[1:3] == ours or torchrun) and mine in env:
             found.append(int(entry))
     return found
 
