@@ -16,9 +16,12 @@ job's own image (it needs torch, which the workers' image has) in two ways:
   forkserver; the script run as `python script.py` runs it): a restart at a membership change
   then costs no new Python and no torch import, the most of a restart on a busy node. A
   command that asks for a start method, a module or no Python is torchrun's as it is.
-- `leave`: a worker's preStop. It stops its own agent where it stands (neither failing its
+- `leave`: a worker's preStop. It holds its own agent where it stands (neither failing its
   workers nor joining another round), asks the launcher to take it out, waits for that, then
-  ends the agent with SIGTERM (torch then leaves the rendezvous open for the others).
+  ends the agent with SIGTERM (torch then leaves the rendezvous open for the others). Our
+  agent holds at HOLD (it is its container's first process, which the kernel spares every
+  signal without a handler sent from inside, SIGSTOP too); torchrun as it is gets SIGSTOP.
+  What it does goes to the container's log (a hook's own output is dropped by the kubelet).
 
 State edits go through torch's own backend with its compare-and-set token, as its agents'
 do; a lost race is tried again at the next tick.
@@ -43,6 +46,7 @@ LEAVE = "etoperator/leave/"
 LEFT = "etoperator/left/"
 LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before going anyway
 MARKER_ADDR = "etoperator.planned-change"
+HOLD = signal.SIGUSR2  # our agent holds at it (SIGUSR1 is a common preemption signal)
 BARRIER = "torchelastic/agent/terminal_state/last_member"  # torch's exit barrier, once passed
 
 
@@ -170,12 +174,12 @@ def describe(state: Any) -> str:
     return f"{said}, waiting [{','.join(waiting)}]" if waiting else said
 
 
-def agents(addr: str) -> list[int]:
-    """The pids of torchrun's agents of `addr` (not their workers, not us): in a worker's
-    container, its one agent."""
-    found = []
+def agents(addr: str) -> tuple[list[int], list[int]]:
+    """The pids of the agents of `addr` (not their workers, not us): ours, then torchrun's as
+    it is. In a worker's container, its one agent."""
+    ours, theirs = list[int](), list[int]()
     mine = f"PET_LOCAL_ADDR={addr}".encode()
-    ours = [os.path.abspath(__file__).encode(), b"agent"]  # our agent's argv[1:3]
+    our_argv = [os.path.abspath(__file__).encode(), b"agent"]  # after the interpreter's
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -186,32 +190,82 @@ def agents(addr: str) -> list[int]:
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        torchrun = any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3])
-        if (argv[1:3] == ours or torchrun) and mine in env:
-            found.append(int(entry))
-    return found
+        if mine not in env:
+            continue
+        args = argv[1:]
+        while args and args[0].startswith(b"-"):  # the interpreter's options (-u)
+            args = args[1:]
+        if args[:2] == our_argv:
+            ours.append(int(entry))
+        elif any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3]):
+            theirs.append(int(entry))
+    return ours, theirs
+
+
+def say(line: str) -> None:
+    """To the container's log: its first process's output (else ours, when run by hand)."""
+    try:
+        with open("/proc/1/fd/1", "a") as out:
+            print(line, file=out, flush=True)
+    except OSError:
+        print(line, flush=True)
 
 
 def leave() -> int:
-    from torch._C._distributed_c10d import TCPStore
-
-    host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
     addr = os.environ["PET_LOCAL_ADDR"]
-    pids = agents(addr)
-    for pid in pids:
+    ours, theirs = agents(addr)
+    for pid in ours:
+        os.kill(pid, HOLD)
+    for pid in theirs:
         os.kill(pid, signal.SIGSTOP)
+    say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
+    start = time.monotonic()
     try:
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
-        n = store.add(LEAVES, 1)
-        store.set(f"{LEAVE}{n}", addr)
-        deadline = time.monotonic() + LEAVE_WAIT
-        while time.monotonic() < deadline and not store.check([f"{LEFT}{addr}"]):
-            time.sleep(TICK)
+        taken = ask_to_leave(addr)
+        say(f"leave: {'taken out' if taken else 'not answered'} after "
+            f"{time.monotonic() - start:.1f} s")  # fmt: skip
+    except Exception as failed:  # the launcher gone: the agent still ends
+        say(f"leave: the launcher was not reached ({type(failed).__name__}: {failed})")
+        return 1
     finally:
-        for pid in pids:  # SIGTERM before SIGCONT: the agent wakes to it, not to its round
+        say("leave: ending the agent")
+        for pid in ours + theirs:  # SIGTERM before SIGCONT: it wakes to it, not to its round
             os.kill(pid, signal.SIGTERM)
             os.kill(pid, signal.SIGCONT)
     return 0
+
+
+def ask_to_leave(addr: str) -> bool:
+    """Whether the launcher took `addr` out within LEAVE_WAIT."""
+    from torch._C._distributed_c10d import TCPStore
+
+    host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    n = store.add(LEAVES, 1)
+    store.set(f"{LEAVE}{n}", addr)
+    deadline = time.monotonic() + LEAVE_WAIT
+    while time.monotonic() < deadline:
+        if store.check([f"{LEFT}{addr}"]):
+            return True
+        time.sleep(TICK)
+    return False
+
+
+def hold(_signum: int, _frame: object) -> None:
+    """The leave's hold: the agent's main thread stays where it stands until SIGTERM (whose
+    handler raises out of here); its heartbeats run on until the launcher drops the node."""
+    while True:
+        time.sleep(3600)
+
+
+def ended(signum: int, _frame: object) -> None:
+    """SIGTERM before torch's agent set its own handler (it does once workers start): as its
+    container's first process the agent would ignore it and hold its pod to the SIGKILL."""
+    try:
+        from torch.distributed.elastic.multiprocessing import SignalException
+    except ImportError:  # torch still loading
+        raise SystemExit(128 + signum) from None
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
 
 
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy")
@@ -220,9 +274,8 @@ AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--n
 
 
 def agent(argv: list[str]) -> int:
-    import multiprocessing
-    import multiprocessing.forkserver
-
+    signal.signal(HOLD, hold)  # first: a leave may come while torch loads
+    signal.signal(signal.SIGTERM, ended)
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -230,17 +283,37 @@ def agent(argv: list[str]) -> int:
     options = argv[: len(argv) - len(args.training_script_args)]
     forked = not any(o.split("=", 1)[0] in AS_IT_IS for o in options)
     if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
-        args.run_path, args.start_method = True, "forkserver"
-        run.run_script_path = run_script  # what torchrun runs for --run-path
-        if (
-            "OMP_NUM_THREADS" not in os.environ
-            and run.determine_local_world_size(args.nproc_per_node) > 1
-        ):  # as torchrun sets it, but before torch is loaded where the workers fork from
-            os.environ["OMP_NUM_THREADS"] = "1"
-        multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
-        multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
+        fork_workers(args)
     record(run.run)(args)
     return 0
+
+
+def fork_workers(args: Any) -> None:
+    """Workers forked from a forkserver that imported torch, each running the script."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing import api
+
+    args.run_path, args.start_method = True, "forkserver"
+    run.run_script_path = run_script  # what torchrun runs for --run-path
+    if (
+        "OMP_NUM_THREADS" not in os.environ
+        and run.determine_local_world_size(args.nproc_per_node) > 1
+    ):  # as torchrun sets it, but before torch is loaded where the workers fork from
+        os.environ["OMP_NUM_THREADS"] = "1"
+    close = api.MultiprocessContext._close
+
+    def closing(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
+        # A worker that answers the stop's SIGTERM with sys.exit(0) returns, and torch's
+        # worker then waits for its value to be read, which a stop never does: 30 s, SIGKILL.
+        self._worker_finished_event.set()
+        close(self, death_sig, timeout)
+
+    api.MultiprocessContext._close = closing  # type: ignore[method-assign]
+    multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
+    multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
 
 
 def run_script(training_script: str, *training_script_args: str) -> None:

@@ -1,0 +1,146 @@
+"""A torchrun worker's leave on the real agent that is its container's first process, as it
+is in a pod (the kernel drops a SIGSTOP sent to such a process from inside its namespace)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from torch._C._distributed_c10d import TCPStore
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+from etoperator import rendezvous
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("unshare") or not shutil.which("nsenter") or os.geteuid() != 0,
+    reason="needs unshare, nsenter and root for a PID namespace",
+)
+
+STEPS = """
+import signal, sys, time
+def stopped(*_):
+    print("worker stopped", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+print("worker started", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Stream:
+    """A process's output lines as they come, read by a thread."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc, self.lines = proc, list[str]()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.strip())
+
+    def wait_for(self, text: str, after: int = 0, within: float = 90) -> int:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            found = [i for i, line in enumerate(self.lines) if i >= after and text in line]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} within {within} s: {self.lines[-30:]}")
+
+
+def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
+    script = tmp_path / "steps.py"
+    script.write_text(STEPS)
+    argv = [sys.executable, "-u", rendezvous.__file__, "agent", "--nnodes=1:3",
+            "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=r", "--monitor-interval=0.1", str(script)]  # fmt: skip
+    if first:  # unshare forks the agent as PID 1 of a new PID namespace, as a container's
+        argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    env["PET_LOCAL_ADDR"] = addr
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    return Stream(proc)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[str]]]]:
+    port = free_port()
+    discover = tmp_path / "discover"
+    discover.write_text("#!/bin/sh\necho a\necho b\n")
+    discover.chmod(0o755)
+    argv = [sys.executable, "-u", rendezvous.__file__, "serve", str(port), "r", "1",
+            str(discover)]  # fmt: skip
+    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        yield port, tmp_path, procs  # type: ignore[misc]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def a_node_waits(port: int) -> None:
+    """What a new agent's join does to the rendezvous: it waits for the running round."""
+    backend = C10dRendezvousBackend(TCPStore("127.0.0.1", port, is_master=False), "r")
+    while True:
+        got = backend.get_state()
+        assert got is not None
+        state, token = pickle.loads(got[0]), got[1]
+        newcomer = _NodeDesc("127.0.0.9", 1, 0)
+        state.wait_list.add(newcomer)
+        state.last_heartbeats[newcomer] = datetime.now(UTC)
+        if backend.set_state(pickle.dumps(state), token)[2]:  # type: ignore[index]
+            return
+
+
+def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """While its leave is taken (here: a launcher that does not answer, 5 s), the leaving
+    agent neither restarts its worker for a membership change nor joins another round; once
+    the hook ends it, it ends at once."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    staying = start_agent(tmp_path, port, "127.0.0.3", first=False)
+    procs += [leaving.proc, staying.proc]
+    leaving.wait_for("worker started")
+    staying.wait_for("worker started")
+    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}  # fmt: skip
+    hook = subprocess.Popen(
+        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
+        env=hook_env,
+    )  # the kubelet runs a preStop hook inside the container
+    procs.append(hook)  # type: ignore[arg-type]
+    held = leaving.wait_for("leave: holding")
+    a_node_waits(port)
+    staying.wait_for("worker stopped")  # a membership change, as the staying agent saw it
+    assert hook.poll() is None, "the hook ended before the change reached the agents"
+    hook.wait(timeout=60)
+    ended = leaving.wait_for("leave: ending", after=held)
+    restarted = [line for line in leaving.lines[held:ended] if line.startswith("worker")]
+    assert not restarted, f"the leaving agent moved while held: {leaving.lines[held:ended]}"
+    # it ends at the hook's SIGTERM, its worker too (sys.exit(0) at it: not killed 30 s later)
+    leaving.proc.wait(timeout=15)
