@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from typing import Any, cast
 
@@ -62,10 +63,13 @@ def test_a_burst_of_events_is_one_pass_a_gap() -> None:
         await asyncio.sleep(2 * rt.gap)  # a further pass would have begun by now
 
     at = asyncio.run(_run(kicks))
-    gaps = max(1, round((burst[1] - burst[0]) / 0.1))
-    assert len(at) - 1 <= gaps + 1, f"{len(at) - 1} passes for 100 kicks in {gaps} gaps"
     # (each start as the pool thread saw it: a few ms after the loop asked)
-    assert all(b - a >= 0.1 - 0.03 for a, b in itertools.pairwise(at)), at
+    spacing = 0.1 - 0.03
+    assert all(b - a >= spacing for a, b in itertools.pairwise(at)), at
+    # Passes that began while kicks came fit the time from the first pass to the last kick
+    # (a busy machine stretches the burst, not the count); then one for the last kick.
+    gaps = math.floor((burst[1] - at[0]) / spacing)
+    assert len(at) - 1 <= gaps + 1, f"{len(at) - 1} passes for 100 kicks in {gaps} gaps"
 
 
 def test_a_lone_event_after_quiet_starts_its_pass_at_once() -> None:
