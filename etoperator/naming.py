@@ -220,6 +220,12 @@ def worker_selector(job: str) -> str:
 # timeout (HOROVOD_GLOO_OP_TIMEOUT_SECONDS in the project's Horovod build).
 RENDEZVOUS_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 RENDEZVOUS_TIMEOUT = 180
+# horovodrun's time to start its task servers on the first hosts (over ssh, each a Python with
+# Horovod imported) and find their common network: 30 s of its own ran out on busy nodes and
+# failed the job at its start. The template's env or --start-timeout still decide.
+START_TIMEOUT_ENV = "HOROVOD_START_TIMEOUT"
+START_TIMEOUT = 120
+LAUNCHER_DEFAULTS = {RENDEZVOUS_TIMEOUT_ENV: RENDEZVOUS_TIMEOUT, START_TIMEOUT_ENV: START_TIMEOUT}
 
 
 def shared_claim_name(job: str) -> str:

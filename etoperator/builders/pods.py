@@ -204,8 +204,9 @@ def launcher_pod(
     ours = {"ETOPERATOR_JOB": job_spec.name, "ETOPERATOR_NAMESPACE": job_spec.namespace}
     env[:] = [e for e in env if e.get("name") not in ours]
     env.extend({"name": k, "value": v} for k, v in ours.items())
-    if not any(e.get("name") == naming.RENDEZVOUS_TIMEOUT_ENV for e in env):
-        env.append({"name": naming.RENDEZVOUS_TIMEOUT_ENV, "value": str(naming.RENDEZVOUS_TIMEOUT)})
+    given = {e.get("name") for e in env}
+    env.extend({"name": k, "value": str(v)} for k, v in naming.LAUNCHER_DEFAULTS.items()
+               if k not in given)  # fmt: skip
     placement.apply(spec)
     gang.place(job_spec, spec, worker=False)
     pod = pod_of(

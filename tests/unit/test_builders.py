@@ -108,12 +108,13 @@ def test_the_launcher_gives_a_joining_worker_time_to_start_unless_told_otherwise
         pod = pods.launcher_pod(s, OWNER, "j", ssh.OWN_KEYS, 0)
         return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
 
-    assert int(env(spec())["HOROVOD_GLOO_TIMEOUT_SECONDS"]) > 30  # Horovod's own: too short
-    b = job("j")
-    b["metadata"].update(namespace="ns", uid="uid-1")
-    launcher = b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
-    launcher["env"] = [{"name": "HOROVOD_GLOO_TIMEOUT_SECONDS", "value": "45"}]
-    assert env(parse_job(b))["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "45"
+    for name in ("HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_START_TIMEOUT"):
+        assert int(env(spec())[name]) > 30  # Horovod's own: too short
+        b = job("j")
+        b["metadata"].update(namespace="ns", uid="uid-1")
+        launcher = b["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+        launcher["env"] = [{"name": name, "value": "45"}]
+        assert env(parse_job(b))[name] == "45"
 
 
 def test_the_rendezvous_timeout_is_read_as_horovodrun_reads_it() -> None:
