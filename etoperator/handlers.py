@@ -43,34 +43,7 @@ def runtime(memo: Any) -> Runtime:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = SETTINGS
-    settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=naming.ANN_PREFIX
-    )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=naming.ANN_PREFIX, key="last-handled-configuration"
-    )
-    settings.posting.enabled = False  # our own events only: a standby posts nothing
-    # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
-    ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
-    for plural in ("pods", "configmaps", "secrets", "services", "serviceaccounts"):
-        settings.watching.label_selectors["", "v1", plural] = ours
-    for plural in ("roles", "rolebindings"):
-        settings.watching.label_selectors[RBAC_GROUP, "v1", plural] = ours
-    settings.watching.label_selectors[naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads"] = ours
-    settings.watching.label_selectors[
-        naming.SCHEDULING_GROUP, naming.SCHEDULING_VERSION, "podgroups"
-    ] = ours
-    settings.watching.server_timeout = cfg.watch_timeout
-    settings.watching.client_timeout = cfg.watch_timeout + 10
-    settings.networking.request_timeout = 30
-    settings.networking.error_backoffs = RETRY_BACKOFFS
-    # Chosen namespaces named exactly: kopf would list every namespace to find them, which an
-    # install confined to them may not do (403, retried for minutes before kopf falls back).
-    settings.scanning.disabled = cfg.exact_namespaces
-    # On SIGTERM kopf gives its event queues this long before the cleanup that releases the
-    # Lease (2 s by default): our event handlers only wake job loops, nothing to wait for.
-    settings.queueing.exit_timeout = 0.2
+    configure_kopf(settings, cfg)
     # A connection for every thread that may make a request at once (SSH probes make none).
     api = kube.load_config(cfg.kubeconfig, connections=cfg.workers + REQUEST_THREADS)
     api.user_agent = f"etoperator/{cfg.identity}"  # which replica made a request (audit logs)
@@ -106,6 +79,38 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     log.info("etoperator started %s", cfg.describe())
+
+
+def configure_kopf(settings: kopf.OperatorSettings, cfg: Settings) -> None:
+    """How kopf stores its progress, what it watches (ours only) and its timeouts."""
+    settings.persistence.finalizer = f"{naming.ANN_PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=naming.ANN_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.ANN_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.enabled = False  # our own events only: a standby posts nothing
+    # Filtered by the apiserver, not here: the operator never receives other pods of a cluster.
+    ours = f"{naming.LABEL_GROUP}={naming.GROUP}"
+    for plural in ("pods", "configmaps", "secrets", "services", "serviceaccounts"):
+        settings.watching.label_selectors["", "v1", plural] = ours
+    for plural in ("roles", "rolebindings"):
+        settings.watching.label_selectors[RBAC_GROUP, "v1", plural] = ours
+    settings.watching.label_selectors[naming.KUEUE_GROUP, naming.KUEUE_VERSION, "workloads"] = ours
+    settings.watching.label_selectors[
+        naming.SCHEDULING_GROUP, naming.SCHEDULING_VERSION, "podgroups"
+    ] = ours
+    settings.watching.server_timeout = cfg.watch_timeout
+    settings.watching.client_timeout = cfg.watch_timeout + 10
+    settings.networking.request_timeout = 30
+    settings.networking.error_backoffs = RETRY_BACKOFFS
+    # Chosen namespaces named exactly: kopf would list every namespace to find them, which an
+    # install confined to them may not do (403, retried for minutes before kopf falls back).
+    settings.scanning.disabled = cfg.exact_namespaces
+    # On SIGTERM kopf gives its event queues this long before the cleanup that releases the
+    # Lease (2 s by default): our event handlers only wake job loops, nothing to wait for.
+    settings.queueing.exit_timeout = 0.2
 
 
 def _election_ended(task: asyncio.Task[None], election: LeaderElection) -> None:

@@ -1,7 +1,7 @@
 """A pass's Draft: its input, the status it is writing and the plan it is building, with the
 few operations on them every step uses (conditions, deletions, the membership, a fresh run).
-Steps are functions in lifecycle.py, membership.py, scaling.py and ends.py that take the
-Draft."""
+Steps are functions in lifecycle.py, membership.py, scaling.py, scalerqueue.py and ends.py that
+take the Draft."""
 
 from __future__ import annotations
 

@@ -9,13 +9,14 @@ from datetime import UTC, datetime
 
 from etoperator import naming
 from etoperator import status as st
+from etoperator.api.models import JobSpec
 from etoperator.api.statuses import JobStatus
 from etoperator.clock import iso
 from etoperator.planning import gangs, queueing, surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
 from etoperator.planning.membership import advance_run
-from etoperator.planning.scaling import hold_scalers
+from etoperator.planning.scalerqueue import hold_scalers
 from etoperator.planning.views import JobInput, Plan
 from etoperator.status import Event
 
@@ -43,27 +44,39 @@ def plan_pass(d: Draft) -> Plan:
         else:
             refuse_invalid(d, inp.error or "invalid spec")
         return complete_plan(d)
-    job_spec = inp.spec
-    fixed = refused_for_spec(d)
-    if fixed:
-        # The spec was fixed after being refused: nothing was ever started, begin afresh.
-        d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
-    drop_foreign_names(d)
-    d.status.worker_selector = naming.worker_selector(job_spec.name)
-    if inp.public_key:
-        d.status.ssh_public_key = inp.public_key
-    adopt_scalers(d)
-    if not d.status_read.phase or fixed:
-        d.status.start_time = d.status.start_time or d.now
-        d.status.restart_count = d.status.restart_count if d.status.restart_count is not None else 0
-        d.start_fresh_run()
-        d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job_spec.name} is created")
+    begin(d, inp.spec)
     update_blocked(d)
     phase = d.phase
     make_basics(d)
     if inp.hold and phase not in st.TERMINAL:
         d.plan.requeue = 5.0
         return d.plan  # status only: nothing moves until the job's basics are there
+    move(d, phase, inp.spec)
+    settle_after(d, phase)
+    return complete_plan(d)
+
+
+def begin(d: Draft, job_spec: JobSpec) -> None:
+    """What every pass of a valid spec states; a job's first pass (or first since its spec
+    was fixed) starts its first run."""
+    fixed = refused_for_spec(d)
+    if fixed:
+        # The spec was fixed after being refused: nothing was ever started, begin afresh.
+        d.set_cond(st.FAILED, "False", "SpecFixed", "the spec is valid now")
+    drop_foreign_names(d)
+    d.status.worker_selector = naming.worker_selector(job_spec.name)
+    if d.inp.public_key:
+        d.status.ssh_public_key = d.inp.public_key
+    adopt_scalers(d)
+    if not d.status_read.phase or fixed:
+        d.status.start_time = d.status.start_time or d.now
+        d.status.restart_count = d.status.restart_count if d.status.restart_count is not None else 0
+        d.start_fresh_run()
+        d.set_cond(st.CREATED, "True", "TrainingJobCreated", f"job {job_spec.name} is created")
+
+
+def move(d: Draft, phase: str | None, job_spec: JobSpec) -> None:
+    """The run's move this pass, by the phase the pass began in."""
     if phase in st.TERMINAL:
         wind_down(d)
         queueing.finished(d)
@@ -88,6 +101,11 @@ def plan_pass(d: Draft) -> Plan:
         advance_run(d)
     else:
         advance_run(d)
+
+
+def settle_after(d: Draft, phase: str | None) -> None:
+    """After the move: scalers held while the job does not run; Kueue's and the gang's
+    objects brought to what the job now is."""
     if d.phase in (st.QUEUED, st.SUSPENDED) or gangs.waiting(d):
         hold_scalers(d, not_running_why(d))
     if d.phase in st.TERMINAL and phase not in st.TERMINAL:
@@ -96,7 +114,6 @@ def plan_pass(d: Draft) -> Plan:
         queueing.settle(d)
     if d.phase not in st.TERMINAL:
         gangs.settle(d)
-    return complete_plan(d)
 
 
 def note_saved(d: Draft) -> None:

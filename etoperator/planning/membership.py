@@ -11,12 +11,8 @@ from etoperator.planning import surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
 from etoperator.planning.rules import replaces, workers
-from etoperator.planning.scaling import (
-    drive_scale_in,
-    drive_scale_out,
-    follow_replicas,
-    start_scalers,
-)
+from etoperator.planning.scalerqueue import follow_replicas, start_scalers
+from etoperator.planning.scaling import drive_scale_in, drive_scale_out
 from etoperator.planning.views import PodView, ScalerView
 from etoperator.status import Event
 

@@ -184,9 +184,33 @@ class JobReconciler:
     def reconcile_observed(self, obs: Observed, took: dict[str, float]) -> Next:
         """observe (done) -> plan -> act; the seconds until the next pass. Each step's time
         goes into `took`."""
-        job = obs.job
-        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        jid = job_id(namespace, name, job["metadata"]["uid"])
+        namespace, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
+        jid = job_id(namespace, name, obs.job["metadata"]["uid"])
+        inp, basics = self.job_input(obs, jid, took)
+        with metrics.pass_step(took, "plan"):
+            plan = plan_job(inp)
+        going = self.going_away(namespace, plan)
+        if going is not None:
+            return going
+        try:
+            self.act(obs, inp, plan, took)
+        except Conflict as exc:
+            log.info("Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc)
+            return CONFLICT
+        except ApiError as exc:
+            if refused(exc):
+                self._refused.add(jid)
+            raise
+        self._refused.discard(jid)
+        now = self._acted.get(jid, Acted())
+        quiet = not basics and not now.problems and not now.held
+        return next_after(plan, quiet, self.children.making_access(jid))
+
+    def job_input(
+        self, obs: Observed, jid: str, took: dict[str, float]
+    ) -> tuple[JobInput, list[str]]:
+        """What the planner is given of the job's world, and the basics it still lacks."""
+        namespace, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
         acted = self._acted.get(jid, Acted())
         basics, have = self.children.basics_seen(obs) if obs.spec is not None else ([], None)
         held = basics + acted.held
@@ -200,7 +224,7 @@ class JobReconciler:
         inp = JobInput(
             name=name,
             namespace=namespace,
-            generation=int(job["metadata"].get("generation") or 0),
+            generation=int(obs.job["metadata"].get("generation") or 0),
             spec=obs.spec,
             error=obs.error,
             status=obs.status,
@@ -219,29 +243,7 @@ class JobReconciler:
             launcher_said=self.observer.launcher_said(obs, scalers),
             saved=self.observer.saved.get(job_prefix(namespace, name), ""),
         )
-        with metrics.pass_step(took, "plan"):
-            plan = plan_job(inp)
-        going = self.going_away(namespace, plan)
-        if going is not None:
-            return going
-        try:
-            self.act(obs, inp, plan, took)
-        except Conflict as exc:
-            log.info("Conflict namespace=%s job=%s error=%s (pass repeated)", namespace, name, exc)
-            return CONFLICT
-        except ApiError as exc:
-            if refused(exc):
-                self._refused.add(jid)
-            raise
-        self._refused.discard(jid)
-        # Blocked conditions follow the world one pass later: come back soon to say so.
-        blocked = st.condition(plan.status.conditions or [], "Blocked") or {}
-        now = self._acted.get(jid, Acted())
-        if blocked.get("status") == "True" and not basics and not now.problems and not now.held:
-            return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
-        if self.children.making_access(jid) and plan.requeue > ACCESS_CHECK.seconds:
-            return ACCESS_CHECK
-        return plan_next(plan)
+        return inp, basics
 
     def going_away(self, namespace: str, plan: Plan) -> Next | None:
         """Bad news (a lost worker or launcher, a failure) while the namespace is being deleted
@@ -358,3 +360,14 @@ class JobReconciler:
         )
         if event is not None:
             self.recorder.post(body, event.type, event.reason, event.message, self.clock())
+
+
+def next_after(plan: Plan, quiet: bool, making_access: bool) -> Next:
+    """When the next pass is wanted. A Blocked condition follows the world one pass later:
+    once nothing blocks (`quiet`), come back soon to say so."""
+    blocked = st.condition(plan.status.conditions or [], "Blocked") or {}
+    if blocked.get("status") == "True" and quiet:
+        return BLOCKED_CLEARING if plan.requeue > BLOCKED_CLEARING.seconds else plan_next(plan)
+    if making_access and plan.requeue > ACCESS_CHECK.seconds:
+        return ACCESS_CHECK
+    return plan_next(plan)
