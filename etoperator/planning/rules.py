@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from etoperator import naming
-from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.api.models import JobSpec
+from etoperator.api.scalers import ScalerSpec
 from etoperator.planning.views import PodView, ScalerView
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from etoperator.api.models import JobSpec, ScalerSpec
+from etoperator.api.models import JobSpec
+from etoperator.api.scalers import ScalerSpec
 from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus
 from etoperator.builders.common import Placement
 from etoperator.status import Event

@@ -16,12 +16,8 @@ import paramiko
 
 from etoperator import naming
 from etoperator.api.fields import DEFAULT_MAX_WORKERS, InvalidSpec
-from etoperator.api.models import (
-    JobSpec,
-    ScalerSpec,
-    parse_job,
-    parse_scaler,
-)
+from etoperator.api.models import JobSpec, parse_job
+from etoperator.api.scalers import ScalerSpec, parse_scaler
 from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, runtimes, ssh
 from etoperator.builders import workload as wl

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from etoperator.api.models import parse_job, parse_scaler
+from etoperator.api.models import parse_job
+from etoperator.api.scalers import parse_scaler
 from tests.harness import ROOT, Cluster
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,8 @@ import pytest
 
 from etoperator import naming
 from etoperator.api.fields import InvalidSpec
-from etoperator.api.models import parse_job, parse_scaler
+from etoperator.api.models import parse_job
+from etoperator.api.scalers import parse_scaler
 from localcluster.manifests import job, scalein, scaleout
 
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etoperator.api.models import JobSpec, parse_job, parse_scaler
+from etoperator.api.models import JobSpec, parse_job
+from etoperator.api.scalers import parse_scaler
 from etoperator.api.statuses import JobStatus, ScalerStatus, scaler_status
 from etoperator.planning import (
     BasicsView,
