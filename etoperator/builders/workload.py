@@ -63,6 +63,17 @@ def surplus_name(job_spec: JobSpec) -> str:
     return naming.workload_name(job_spec.name, job_spec.uid) + SURPLUS
 
 
+def priority_of(priority: Priority | None, surplus: bool) -> dict[str, Any]:
+    """A core Workload's priority is its class's; a surplus one is one lower, with no class
+    (its value would be written over the lower one)."""
+    if surplus:
+        return {"priority": (priority.value if priority is not None else 0) - 1}
+    if priority is None:
+        return {}
+    ref = {"group": naming.KUEUE_GROUP, "kind": "WorkloadPriorityClass", "name": priority.name}
+    return {"priorityClassRef": ref, "priority": priority.value}
+
+
 def workload(
     job_spec: JobSpec,
     owner: Owner,
@@ -92,16 +103,8 @@ def workload(
     spec: dict[str, Any] = {
         "queueName": job_spec.queue,
         "podSets": [worker_set] if surplus else [launcher, worker_set],
+        **priority_of(priority, surplus),
     }
-    if surplus:  # no class: its value would be written over the lower one
-        spec["priority"] = (priority.value if priority is not None else 0) - 1
-    elif priority is not None:
-        spec["priorityClassRef"] = {
-            "group": naming.KUEUE_GROUP,
-            "kind": "WorkloadPriorityClass",
-            "name": priority.name,
-        }
-        spec["priority"] = priority.value
     base = naming.workload_name(job_spec.name, job_spec.uid)
     annotations = {ELASTIC: "true", SLICE_NAME: base + (SURPLUS if surplus else "")}
     if replacing:
