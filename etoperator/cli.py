@@ -38,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
         help="count a Running worker as ready (when the operator cannot reach pods)",
     )
     run.add_argument("--ssh-port", type=int, default=22)
+    operating_options(run)
+    return p
+
+
+def operating_options(run: argparse.ArgumentParser) -> None:
+    """How it runs: preemption, sizes, its replicas, passes, logs."""
     run.add_argument(
         "--no-node-watch", action="store_true", help="do not watch nodes for preemption taints"
     )
@@ -63,30 +69,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-namespace", help="where the Lease lives (default: the pod's)")
     run.add_argument("--log-format", choices=("text", "json"), default="text")
     run.add_argument("-v", "--verbose", action="store_true")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    os.environ["ETOPERATOR_SSH_CHECKS"] = "0" if args.no_ssh_checks else "1"
-    os.environ["ETOPERATOR_SSH_PORT"] = str(args.ssh_port)
-    os.environ["ETOPERATOR_METRICS_PORT"] = str(args.metrics_port)
-    os.environ["ETOPERATOR_WATCH_NODES"] = "0" if args.no_node_watch else "1"
-    if args.preemption_taint is not None:
-        os.environ["ETOPERATOR_PREEMPTION_TAINTS"] = ",".join(args.preemption_taint)
-    if args.max_workers is not None:
-        os.environ["ETOPERATOR_MAX_WORKERS"] = str(args.max_workers)
-    if args.resync is not None:
-        os.environ["ETOPERATOR_RESYNC"] = str(args.resync)
-    if args.leader_election:
-        os.environ["ETOPERATOR_LEADER_ELECTION"] = "1"
-    if args.namespace:
-        os.environ["ETOPERATOR_NAMESPACES"] = ",".join(args.namespace)
-    if args.lease_namespace:
-        os.environ["ETOPERATOR_LEASE_NAMESPACE"] = args.lease_namespace
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
-        os.environ["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
+    os.environ.update(settings_env(args))
     if problem := patterns_unfollowable(args.namespace, args.kubeconfig):
         print(f"etoperator: {problem}", file=sys.stderr)
         return 2
@@ -118,6 +105,32 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def settings_env(args: argparse.Namespace) -> dict[str, str]:
+    """The options as the ETOPERATOR_* variables settings.py reads (an option not given
+    leaves its variable as the environment has it)."""
+    env = {
+        "ETOPERATOR_SSH_CHECKS": "0" if args.no_ssh_checks else "1",
+        "ETOPERATOR_SSH_PORT": str(args.ssh_port),
+        "ETOPERATOR_METRICS_PORT": str(args.metrics_port),
+        "ETOPERATOR_WATCH_NODES": "0" if args.no_node_watch else "1",
+    }
+    if args.preemption_taint is not None:
+        env["ETOPERATOR_PREEMPTION_TAINTS"] = ",".join(args.preemption_taint)
+    if args.max_workers is not None:
+        env["ETOPERATOR_MAX_WORKERS"] = str(args.max_workers)
+    if args.resync is not None:
+        env["ETOPERATOR_RESYNC"] = str(args.resync)
+    if args.leader_election:
+        env["ETOPERATOR_LEADER_ELECTION"] = "1"
+    if args.namespace:
+        env["ETOPERATOR_NAMESPACES"] = ",".join(args.namespace)
+    if args.lease_namespace:
+        env["ETOPERATOR_LEASE_NAMESPACE"] = args.lease_namespace
+    if args.kubeconfig:
+        env["KUBECONFIG"] = env["ETOPERATOR_KUBECONFIG"] = args.kubeconfig
+    return env
 
 
 def patterns_unfollowable(chosen: list[str], kubeconfig: str | None) -> str | None:
