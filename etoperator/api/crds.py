@@ -15,7 +15,8 @@ import yaml
 
 from etoperator import naming
 from etoperator.api import fields as f
-from etoperator.api.statuses import JobStatus, ScaleInStatus, ScaleOutStatus
+from etoperator.api.scalerschema import scalein_schema, scaleout_schema
+from etoperator.api.statuses import JobStatus
 
 Schema = dict[str, Any]
 
@@ -106,6 +107,43 @@ _WORKER_CEL = [
 
 
 def trainingjob_schema() -> Schema:
+    spec: Schema = {
+        "type": "object",
+        "required": ["etReplicaSpecs"],
+        "properties": {
+            "etReplicaSpecs": _replica_specs(),
+            "runtime": f.RUNTIME.schema(),
+            **_runtime_parts(),
+            "slotsPerWorker": f.SLOTS.schema(),
+            "cleanPodPolicy": f.CLEAN_POD.schema(),
+            "restartPolicy": f.JOB_RESTART.schema(),
+            "backoffLimit": f.BACKOFF.schema(),
+            "launcherAttachMode": f.ATTACH.schema(),
+            "schedulingPolicy": _scheduling(),
+            "suspend": {
+                "type": "boolean",
+                "description": "true: no pods (all deleted); false again: a fresh run. A job "
+                "queued by Kueue is started by its admission, not by this field.",
+            },
+        },
+        "x-kubernetes-validations": _JOB_CEL,
+    }
+    return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}
+
+
+_JOB_CEL = [
+    {
+        "rule": "has(self.etReplicaSpecs.launcher) || self.runtime == 'Torchrun'",
+        "message": "etReplicaSpecs.launcher is required unless runtime is Torchrun",
+    },
+    {
+        "rule": "!has(self.elasticPolicy) || self.runtime == 'Torchrun'",
+        "message": "elasticPolicy is for runtime Torchrun",
+    },
+]
+
+
+def _replica_specs() -> Schema:
     worker: Schema = {
         "type": "object",
         "required": ["template"],
@@ -127,161 +165,51 @@ def trainingjob_schema() -> Schema:
             "template": _pod_template("PodTemplateSpec of the launcher"),
         },
     }
-    spec: Schema = {
+    return {
         "type": "object",
-        "required": ["etReplicaSpecs"],
+        "required": ["worker"],
+        "properties": {"launcher": launcher, "worker": worker},
+    }
+
+
+def _runtime_parts() -> dict[str, Schema]:
+    """The shared volume and a Torchrun job's agents."""
+    return {
+        "sharedVolume": {
+            "type": "object",
+            "description": "A ReadWriteMany claim the operator makes for the job (its "
+            "checkpoints), mounted in every worker at mountPath (CHECKPOINT_DIR in their "
+            "environment); deleted with the job, kept across its runs.",
+            "properties": {
+                "mountPath": {"type": "string", "default": "/checkpoints"},
+                "storageClassName": {"type": "string", "maxLength": 253},
+                "storage": {"type": "string", "default": "1Gi", "description": "its size"},
+            },
+        },
+        "elasticPolicy": {
+            "type": "object",
+            "description": "A Torchrun job's agents (PyTorchJob's elasticPolicy; the node "
+            "counts are the worker's minReplicas and maxReplicas).",
+            "properties": {
+                "nProcPerNode": f.NPROC.schema(),
+                "maxRestarts": f.MAX_RESTARTS.schema(),
+                "rdzvPort": f.RDZV_PORT.schema(),
+            },
+        },
+    }
+
+
+def _scheduling() -> Schema:
+    name: Schema = {"type": "string", "maxLength": 253}
+    return {
+        "type": "object",
+        "description": "Gang scheduling through Kubernetes' Workload API "
+        "(scheduling.k8s.io/v1alpha2): the workers are placed all or nothing.",
         "properties": {
-            "etReplicaSpecs": {
-                "type": "object",
-                "required": ["worker"],
-                "properties": {"launcher": launcher, "worker": worker},
-            },
-            "runtime": f.RUNTIME.schema(),
-            "sharedVolume": {
-                "type": "object",
-                "description": "A ReadWriteMany claim the operator makes for the job (its "
-                "checkpoints), mounted in every worker at mountPath (CHECKPOINT_DIR in their "
-                "environment); deleted with the job, kept across its runs.",
-                "properties": {
-                    "mountPath": {"type": "string", "default": "/checkpoints"},
-                    "storageClassName": {"type": "string", "maxLength": 253},
-                    "storage": {"type": "string", "default": "1Gi", "description": "its size"},
-                },
-            },
-            "elasticPolicy": {
-                "type": "object",
-                "description": "A Torchrun job's agents (PyTorchJob's elasticPolicy; the node "
-                "counts are the worker's minReplicas and maxReplicas).",
-                "properties": {
-                    "nProcPerNode": f.NPROC.schema(),
-                    "maxRestarts": f.MAX_RESTARTS.schema(),
-                    "rdzvPort": f.RDZV_PORT.schema(),
-                },
-            },
-            "slotsPerWorker": f.SLOTS.schema(),
-            "cleanPodPolicy": f.CLEAN_POD.schema(),
-            "restartPolicy": f.JOB_RESTART.schema(),
-            "backoffLimit": f.BACKOFF.schema(),
-            "launcherAttachMode": f.ATTACH.schema(),
-            "schedulingPolicy": {
-                "type": "object",
-                "description": "Gang scheduling through Kubernetes' Workload API "
-                "(scheduling.k8s.io/v1alpha2): the workers are placed all or nothing.",
-                "properties": {
-                    "minAvailable": f.MIN_AVAILABLE.schema(),
-                    "priorityClass": {
-                        "type": "string",
-                        "maxLength": 253,
-                        "description": "the pods' PriorityClass",
-                    },
-                    "schedulerName": {
-                        "type": "string",
-                        "maxLength": 253,
-                        "description": "the scheduler that places the pods",
-                    },
-                },
-            },
-            "suspend": {
-                "type": "boolean",
-                "description": "true: no pods (all deleted); false again: a fresh run. A job "
-                "queued by Kueue is started by its admission, not by this field.",
-            },
+            "minAvailable": f.MIN_AVAILABLE.schema(),
+            "priorityClass": {**name, "description": "the pods' PriorityClass"},
+            "schedulerName": {**name, "description": "the scheduler that places the pods"},
         },
-    }
-    spec["x-kubernetes-validations"] = [
-        {
-            "rule": "has(self.etReplicaSpecs.launcher) || self.runtime == 'Torchrun'",
-            "message": "etReplicaSpecs.launcher is required unless runtime is Torchrun",
-        },
-        {
-            "rule": "!has(self.elasticPolicy) || self.runtime == 'Torchrun'",
-            "message": "elasticPolicy is for runtime Torchrun",
-        },
-    ]
-    return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}
-
-
-def _scaler_spec(extra: dict[str, Schema], required: list[str]) -> Schema:
-    return {
-        "type": "object",
-        "required": ["selector", *required],
-        "properties": {
-            "selector": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": {
-                        "type": "string",
-                        "minLength": 1,
-                        "maxLength": 63,
-                        "pattern": naming.DNS1123_LABEL_PATTERN,
-                        "description": "the TrainingJob's name (a DNS-1123 label)",
-                    }
-                },
-            },
-            "timeout": f.TIMEOUT.schema(),
-            "script": {
-                "type": "string",
-                "description": "absolute path of a script in the launcher",
-            },
-            "env": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
-                },
-            },
-            "backoffLimit": f.SCALER_BACKOFF.schema(),
-            **extra,
-        },
-    }
-
-
-def scaleout_schema() -> Schema:
-    spec = _scaler_spec(
-        {
-            "toAdd": {
-                "type": "object",
-                "required": ["count"],
-                "properties": {"count": f.ADD_COUNT.schema()},
-            }
-        },
-        ["toAdd"],
-    )
-    return {
-        "type": "object",
-        "properties": {"spec": spec, "status": ScaleOutStatus.schema()},
-    }
-
-
-def scalein_schema() -> Schema:
-    spec = _scaler_spec(
-        {
-            "toDelete": {
-                "type": "object",
-                "x-kubernetes-validations": [
-                    {
-                        "rule": "has(self.count) != has(self.podNames)",
-                        "message": "give exactly one of count and podNames",
-                    }
-                ],
-                "properties": {
-                    "count": f.DELETE_COUNT.schema(),
-                    "podNames": {
-                        "type": "array",
-                        "minItems": 1,
-                        "maxItems": f.MAX_WORKERS,
-                        "items": {"type": "string", "maxLength": 253},
-                    },
-                },
-            }
-        },
-        ["toDelete"],
-    )
-    return {
-        "type": "object",
-        "properties": {"spec": spec, "status": ScaleInStatus.schema()},
     }
 
 
