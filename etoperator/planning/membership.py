@@ -52,7 +52,7 @@ def advance_run(d: Draft) -> None:
         d.await_pods("members not ready yet")
     if any(w and w.phase == "Pending" and not w.bound and not w.waiting for w in waiting):
         # No scheduler may ever take it up (a schedulerName that names none): nothing would
-        # wake the job to say so; look again once that can be told (observe.UNSCHEDULED).
+        # wake the job to say so; look again once that can be told (podviews.UNSCHEDULED).
         d.plan.requeue = min(d.plan.requeue, UNPLACED_RECHECK)
     if any(w and w.phase == "Running" and not w.ready and not w.deleting for w in waiting):
         # Its container runs and its sshd is starting: look again as soon as it may listen.

@@ -11,14 +11,8 @@ import pytest
 from etoperator.api.statuses import JobStatus
 from etoperator.cache import Observed
 from etoperator.reconcile import state
-from etoperator.reconcile.observe import (
-    Observer,
-    classify,
-    probes_wanted,
-    running_scale,
-    scaler_view,
-    settle,
-)
+from etoperator.reconcile.observe import Observer, probes_wanted, running_scale, scaler_view, settle
+from etoperator.reconcile.podviews import classify
 from etoperator.reconcile.state import Writes
 from etoperator.sshcheck import HorovodOn
 
