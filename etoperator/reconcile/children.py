@@ -14,7 +14,7 @@ from typing import Any
 from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api import claims
-from etoperator.api.models import JobSpec, template_secrets
+from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, rbac, runtimes, ssh, volumes
 from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
 from etoperator.builders.workload import LAUNCHER_SET
@@ -24,7 +24,6 @@ from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
 from etoperator.planning.views import BasicsView
 from etoperator.reconcile.state import (
-    USER_SECRET_RECHECK,
     Keys,
     Recorder,
     Writes,
@@ -59,8 +58,6 @@ class Children:
     access_pool: concurrent.futures.ThreadPoolExecutor  # launchers' access, made off the pass
     recorder: Recorder  # what acting met, told as the pass's own events are: off the pass
     clock: Callable[[], datetime] = utcnow
-    _user_secret_checked: dict[str, datetime] = field(default_factory=dict)
-    _template_secrets_checked: dict[str, datetime] = field(default_factory=dict)
     _access: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
     # What the last making of a job's access met, said on every pass until the next making
     # ends (not only on the pass that read it: the Blocked message flapped, a status write and
@@ -68,27 +65,19 @@ class Children:
     _access_met: dict[str, list[str]] = field(default_factory=dict)
 
     def forget(self, prefix: str) -> None:
-        memos = (self._user_secret_checked, self._template_secrets_checked, self._access,
-                 self._access_met)  # fmt: skip
-        for memo in memos:
+        for memo in (self._access, self._access_met):
             for k in [k for k in memo if k.startswith(prefix)]:
                 memo.pop(k)
 
-    def user_secret(self, spec: JobSpec) -> dict[str, Any] | None:
-        """The Secret the job's annotation names (not the job's own, so not watched)."""
-        assert spec.ssh_secret is not None
-        return self.kube.get("Secret", spec.namespace, spec.ssh_secret)
-
-    def basics_seen(self, obs: Observed) -> tuple[list[str], BasicsView]:
-        """What the job's pods need, as the watches show it (a request only for a Secret the
-        job names that is not its own, at most every few minutes), and what stands in its way:
-        such a Secret wanting, or what the last making of the launcher's access met."""
+    def basics_seen(self, obs: Observed, secrets: list[str]) -> tuple[list[str], BasicsView]:
+        """What the job's pods need, as the watches show it, and what stands in its way: the
+        Secrets it names found wanting (`secrets`), or what the last making of the launcher's
+        access met."""
         spec = obs.spec
         assert spec is not None
         if obs.status.phase in st.TERMINAL:
             return [], BasicsView()
-        problems = self.check_user_secret(spec) if spec.ssh_secret else []
-        problems += self.check_template_secrets(spec)
+        problems = list(secrets)
         jid = job_id(spec.namespace, spec.name, spec.uid)
         if obs.secret is not None:
             self.keys.public[jid] = ssh.public_key(obs.secret)
@@ -169,66 +158,6 @@ class Children:
     def making_access(self, jid: str) -> bool:
         """The launcher's access is being made: the job's next pass comes soon to tell."""
         return jid in self._access
-
-    def check_user_secret(self, spec: JobSpec) -> list[str]:
-        """The Secret the annotation names: not the job's own, so not watched; read again at
-        most every few minutes (and whenever it was found wanting)."""
-        jid = job_id(spec.namespace, spec.name, spec.uid)
-        return self._rechecked(
-            self._user_secret_checked, jid, lambda: self._user_secret_problems(spec)
-        )
-
-    def _user_secret_problems(self, spec: JobSpec) -> list[str]:
-        secret, name = self.user_secret(spec), spec.ssh_secret
-        problems = []
-        if secret is None:
-            problems.append(f"SSH Secret {name} named by the annotation is missing")
-        elif ssh.missing_keys(secret):
-            problems.append(f"SSH Secret {name} lacks {', '.join(ssh.missing_keys(secret))}")
-        elif other := ssh.other_job(secret, spec.uid):
-            problems.append(
-                f"SSH Secret {name} belongs to TrainingJob {other}: a job may only name a "
-                "Secret of its own (its key opens that job's workers)"
-            )
-        return problems
-
-    def _rechecked(
-        self, memo: dict[str, datetime], jid: str, check: Callable[[], list[str]]
-    ) -> list[str]:
-        """`check` again at most every few minutes while it finds nothing; every time while it
-        does (what it reads is not watched)."""
-        checked = memo.get(jid)
-        if checked and (self.clock() - checked).total_seconds() < USER_SECRET_RECHECK:
-            return []
-        problems = check()
-        if problems:
-            memo.pop(jid, None)
-        else:
-            memo[jid] = self.clock()
-        return problems
-
-    def check_template_secrets(self, spec: JobSpec) -> list[str]:
-        """A Secret the operator made for another job (its private key opens that job's
-        workers) is never mounted into this job's pods, whichever field of a template names
-        it. Read like the annotation's Secret: at most every few minutes while all is well."""
-        jid = job_id(spec.namespace, spec.name, spec.uid)
-        named = [(at, n) for at, n in template_secrets(spec) if n != naming.secret_name(spec.name)]
-        if not named:
-            return []
-        return self._rechecked(
-            self._template_secrets_checked, jid, lambda: self._foreign_keys(spec, named)
-        )
-
-    def _foreign_keys(self, spec: JobSpec, named: list[tuple[str, str]]) -> list[str]:
-        problems = []
-        for at, name in named:
-            secret = self.kube.get("Secret", spec.namespace, name)
-            if secret is not None and (other := ssh.other_job(secret, spec.uid)):
-                problems.append(
-                    f"{at} names Secret {name}, TrainingJob {other}'s SSH key: a job's pods may "
-                    "mount no other job's key"
-                )
-        return problems
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted
@@ -408,7 +337,9 @@ class Children:
     def _secret_items(self, spec: JobSpec) -> frozenset[str]:
         if not spec.ssh_secret:
             return ssh.OWN_KEYS
-        return frozenset((self.user_secret(spec) or {}).get("data") or {})
+        assert spec.ssh_secret is not None
+        secret = self.kube.get("Secret", spec.namespace, spec.ssh_secret)  # not watched
+        return frozenset((secret or {}).get("data") or {})
 
 
 def workers_wanted(job: str, indices: tuple[int, ...], unseen: set[tuple[str, str]]) -> bool:

@@ -35,6 +35,7 @@ from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.observe import Observer, scaler_view
 from etoperator.reconcile.queues import Queues
 from etoperator.reconcile.scripts import Scripts
+from etoperator.reconcile.secretchecks import SecretChecks
 from etoperator.reconcile.state import (
     BLOCKED_CLEARING,
     CONFLICT,
@@ -121,6 +122,7 @@ class JobReconciler:
             kube, keys, prober or SSHProber(), probe_pool or concurrent.futures.ThreadPoolExecutor(
                 16, "etoperator-ssh"
             ), ssh_checks, max_workers, tainted_nodes, own_account=own_account,
+            secrets=SecretChecks(kube, clock),
         )  # fmt: skip
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
         recorder = Recorder(
@@ -151,6 +153,8 @@ class JobReconciler:
         pass; a changed Secret's key replaces the one held (a deleted one's is kept to remake
         it with)."""
         self.children.forget(job_prefix(namespace, job))
+        if self.observer.secrets is not None:
+            self.observer.secrets.forget(job_prefix(namespace, job))
         if kind == "Secret" and not deleted:
             self.keys.secret_changed(job_prefix(namespace, job), naming.secret_name(job))
 
@@ -212,7 +216,11 @@ class JobReconciler:
         """What the planner is given of the job's world, and the basics it still lacks."""
         namespace, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
         acted = self._acted.get(jid, Acted())
-        basics, have = self.children.basics_seen(obs) if obs.spec is not None else ([], None)
+        basics, have = (
+            self.children.basics_seen(obs, self.observer.secret_problems(obs))
+            if obs.spec is not None
+            else ([], None)
+        )
         held = basics + acted.held
         with metrics.pass_step(took, "views"):
             scalers, queue = self.observer.scaler_views(obs), self.queues.view(obs)

@@ -15,6 +15,7 @@ from typing import Any
 import paramiko
 
 from etoperator import naming
+from etoperator import status as st
 from etoperator.api.fields import DEFAULT_MAX_WORKERS, InvalidSpec
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.scalers import ScalerSpec, parse_scaler
@@ -28,6 +29,7 @@ from etoperator.planning import PodView, ScalerView, surplus
 from etoperator.planning.views import QueueView
 from etoperator.reconcile.launcherlog import said_saved, words_about
 from etoperator.reconcile.podviews import classify
+from etoperator.reconcile.secretchecks import SecretChecks
 from etoperator.reconcile.state import Keys, job_id, job_prefix
 from etoperator.sshcheck import (
     HorovodOn,
@@ -176,6 +178,13 @@ class Observer:
     own_account: str = ""  # the operator's ServiceAccount, "<namespace>/<name>"
     wall: Callable[[], datetime] = utcnow
     saved: dict[str, str] = field(default_factory=dict)  # by job prefix: note_gone's
+    secrets: SecretChecks | None = None  # the Secrets a job names that are not its own
+
+    def secret_problems(self, obs: Observed) -> list[str]:
+        """What is wrong with the unwatched Secrets a live job names (read now and then)."""
+        if obs.spec is None or obs.status.phase in st.TERMINAL or self.secrets is None:
+            return []
+        return self.secrets.problems(obs.spec)
 
     def parse(self, obs: Observed) -> Observed:
         """The job's spec (None and the error, when invalid), parsed once a pass."""
@@ -286,6 +295,8 @@ class Observer:
             self._scaler_views.pop(jid, None)
         for jid in [k for k in list(self._said) if k.startswith(prefix)]:
             self._said.pop(jid, None)
+        if self.secrets is not None:
+            self.secrets.forget(prefix)
 
     def launcher_said(self, obs: Observed, scalers: list[ScalerView]) -> tuple[str, ...]:
         """While a ScaleOut waits for Horovod to take its workers in, what the launcher's log
