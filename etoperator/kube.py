@@ -15,80 +15,26 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
-from urllib3.exceptions import HTTPError as TransportError
 
-from etoperator import clock, naming
+from etoperator.apiwire import (  # the names the rest of the code uses, re-exported
+    CLUSTER_RESOURCES,
+    MERGE,
+    RESOURCES,
+    translate,
+)
+from etoperator.apiwire import JSON_PATCH as JSON_PATCH
+from etoperator.apiwire import NO_ANSWER as NO_ANSWER
+from etoperator.apiwire import AlreadyExists as AlreadyExists
+from etoperator.apiwire import ApiError as ApiError
+from etoperator.apiwire import Conflict as Conflict
+from etoperator.apiwire import Stopped as Stopped
+from etoperator.apiwire import event_manifest as event_manifest
+from etoperator.apiwire import exec_outcome as exec_outcome
+from etoperator.apiwire import (
+    path as kind_path,
+)
 
 log = logging.getLogger(__name__)
-
-MERGE = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-
-# kind -> (path prefix, plural)
-RESOURCES: dict[str, tuple[str, str]] = {
-    "Pod": ("api/v1", "pods"),
-    "Service": ("api/v1", "services"),
-    "ConfigMap": ("api/v1", "configmaps"),
-    "Secret": ("api/v1", "secrets"),
-    "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
-    "ServiceAccount": ("api/v1", "serviceaccounts"),
-    "Event": ("api/v1", "events"),
-    "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
-    "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-    "Lease": ("apis/coordination.k8s.io/v1", "leases"),
-    naming.JOB_KIND: (f"apis/{naming.API_VERSION}", naming.JOB_PLURAL),
-    naming.SCALEOUT_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEOUT_PLURAL),
-    naming.SCALEIN_KIND: (f"apis/{naming.API_VERSION}", naming.SCALEIN_PLURAL),
-    naming.WORKLOAD_KIND: (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "workloads"),
-    naming.POD_GROUP_KIND: (
-        f"apis/{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION}",
-        "podgroups",
-    ),
-    naming.GANG_WORKLOAD: (
-        f"apis/{naming.SCHEDULING_GROUP}/{naming.SCHEDULING_VERSION}",
-        "workloads",
-    ),
-}
-# Cluster-scoped kinds read by name: kind -> (path prefix, plural).
-CLUSTER_RESOURCES: dict[str, tuple[str, str]] = {
-    "Node": ("api/v1", "nodes"),
-    "PersistentVolume": ("api/v1", "persistentvolumes"),
-    "ResourceFlavor": (f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}", "resourceflavors"),
-    "WorkloadPriorityClass": (
-        f"apis/{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}",
-        "workloadpriorityclasses",
-    ),
-}
-
-
-class Conflict(Exception):
-    """The object changed since it was read (409 on a write with a resourceVersion)."""
-
-
-class AlreadyExists(Exception):
-    """An object of that name exists already."""
-
-
-class ApiError(Exception):
-    """Any other refusal from the API server; the message holds its reason, `request` what was
-    asked ("create Pod ns/name")."""
-
-    def __init__(self, status: int, message: str, request: str = "") -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.request = request
-
-    @property
-    def unreachable(self) -> bool:
-        """The server was not reached or did not answer (no HTTP status)."""
-        return self.status == 0
-
-
-class Stopped(ApiError):
-    """A write not sent: this replica has stopped acting (its Lease is being handed over)."""
-
-    def __init__(self, request: str = "") -> None:
-        super().__init__(0, "not sent: this replica has stopped acting", request)
 
 
 @dataclass
@@ -146,40 +92,6 @@ def load_config(
     return k8s.ApiClient(cfg)
 
 
-def _reason(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
-    except ValueError:
-        return str(exc.reason)
-
-
-@contextmanager
-def _translate(request: str = "") -> Iterator[None]:
-    try:
-        yield
-    except TransportError as exc:
-        # Refused, reset or timed out: urllib3 raises these (MaxRetryError, ProtocolError, ...)
-        # past its retries, and callers must see them as the API's answer, not a crash.
-        raise ApiError(0, f"API server unreachable: {type(exc).__name__}", request) from None
-    except ApiException as exc:
-        if exc.status == 409:
-            body = exc.body or ""
-            if "AlreadyExists" in body or "already exists" in body:
-                raise AlreadyExists(_reason(exc)) from None
-            raise Conflict(_reason(exc)) from None
-        raise ApiError(exc.status or 0, _reason(exc), request) from None
-
-
-def _path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
-    prefix, plural = RESOURCES[kind]
-    path = f"/{prefix}/namespaces/{namespace}/{plural}"
-    if name:
-        path += f"/{name}"
-    if sub:
-        path += f"/{sub}"
-    return path
-
-
 @dataclass
 class Kube:
     api: k8s.ApiClient
@@ -214,7 +126,7 @@ class Kube:
     ) -> Any:
         self.requests += 1
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        with _translate(request):
+        with translate(request):
             if hasattr(self.api, "param_serialize"):  # kubernetes >= 31
                 m, url, hdrs, raw, post = self.api.param_serialize(
                     method=method,
@@ -253,7 +165,7 @@ class Kube:
         self, kind: str, namespace: str, name: str, timeout: float = 30
     ) -> dict[str, Any] | None:
         try:
-            return dict(self._call("GET", _path(kind, namespace, name), timeout=timeout))
+            return dict(self._call("GET", kind_path(kind, namespace, name), timeout=timeout))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -312,7 +224,7 @@ class Kube:
 
     def list(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
         query = [("labelSelector", selector)] if selector else []
-        items = self._call("GET", _path(kind, namespace), query=query).get("items") or []
+        items = self._call("GET", kind_path(kind, namespace), query=query).get("items") or []
         for item in items:  # list items carry no kind; callers rely on it
             item.setdefault("kind", kind)
         return list(items)
@@ -321,7 +233,7 @@ class Kube:
         meta = obj["metadata"]
         group = str(obj.get("apiVersion", "")).rpartition("/")[0]
         kind = f"{obj['kind']}.{group}" if f"{obj['kind']}.{group}" in RESOURCES else obj["kind"]
-        path = _path(kind, meta["namespace"])
+        path = kind_path(kind, meta["namespace"])
         return dict(self._call("POST", path, body=obj, timeout=timeout))
 
     def delete(
@@ -335,7 +247,7 @@ class Kube:
         if grace is not None:
             body["gracePeriodSeconds"] = grace
         try:
-            self._call("DELETE", _path(kind, namespace, name), body=body)
+            self._call("DELETE", kind_path(kind, namespace, name), body=body)
             return True
         except ApiError as exc:
             if exc.status in (404, 409):
@@ -352,7 +264,7 @@ class Kube:
         content_type: str = MERGE,
         timeout: float = 30,
     ) -> dict[str, Any]:
-        path = _path(kind, namespace, name, sub)
+        path = kind_path(kind, namespace, name, sub)
         return dict(
             self._call("PATCH", path, body=patch, content_type=content_type, timeout=timeout)
         )
@@ -363,7 +275,7 @@ class Kube:
         self.requests += 1
         core = k8s.CoreV1Api(self.api)
         try:
-            with _translate(f"GET pods/log {namespace}/{pod}"):
+            with translate(f"GET pods/log {namespace}/{pod}"):
                 text = core.read_namespaced_pod_log(
                     pod, namespace, tail_lines=lines, limit_bytes=limit, _request_timeout=10
                 )
@@ -420,7 +332,7 @@ class Kube:
         meta = obj.get("metadata", {})
         event = event_manifest(obj, etype, reason, message, now)
         try:
-            self._call("POST", _path("Event", meta["namespace"]), body=event)
+            self._call("POST", kind_path("Event", meta["namespace"]), body=event)
         except (ApiError, Conflict, AlreadyExists) as exc:
             # A namespace on its way out takes no new objects: nothing to warn anyone about.
             level = logging.DEBUG if "being terminated" in str(exc) else logging.WARNING
@@ -428,51 +340,3 @@ class Kube:
                 level, "Event not posted reason=%s object=%s error=%s", reason, meta.get("name"),
                 exc,
             )  # fmt: skip
-
-
-NO_ANSWER = "could not run it: no answer from the apiserver"
-
-
-def exec_outcome(ended: str, output: str) -> tuple[int, str]:
-    """(exit code, output) from the status the kubelet sends when an exec ends: -1 and why,
-    when the command could not run at all (a file missing, not executable, an argument list
-    too long), in the kubelet's words."""
-    try:
-        status = json.loads(ended) if ended.strip() else {}
-    except ValueError:
-        status = {}
-    if status.get("status") == "Success":
-        return 0, output
-    for cause in (status.get("details") or {}).get("causes") or []:
-        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
-            return int(cause["message"]), output
-    why = status.get("message") or "the exec ended without a status"
-    return -1, f"could not run it: {why}"
-
-
-def event_manifest(
-    obj: dict[str, Any], etype: str, reason: str, message: str, now: datetime
-) -> dict[str, Any]:
-    meta = obj.get("metadata", {})
-    ts = clock.iso(now)
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name', 'x')}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion"),
-            "kind": obj.get("kind"),
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": etype,
-        "source": {"component": "etoperator"},
-        "reportingComponent": "etoperator",
-        "firstTimestamp": ts,
-        "lastTimestamp": ts,
-        "count": 1,
-    }

@@ -28,7 +28,8 @@ PURE = (
     "etoperator/naming.py", "etoperator/clock.py",
 )  # fmt: skip
 CLIENTS = ("kubernetes", "kopf", "paramiko", "urllib3")
-IMPURE = ("etoperator.reconcile", "etoperator.kube", "etoperator.handlers", "etoperator.runtime")
+IMPURE = ("etoperator.reconcile", "etoperator.kube", "etoperator.apiwire", "etoperator.handlers",
+          "etoperator.runtime")  # fmt: skip
 # What localcluster/ may use of the operator: its command (how anyone runs it), its names,
 # models, builders of manifests and the client it talks to the apiserver with.
 PUBLIC = (
