@@ -63,9 +63,9 @@ def layer_offences(rel: str, tree: ast.Module) -> Iterator[str]:
             yield f"{where}: a pure part imports {name}"
         if rel.startswith(("bench/", "localcluster/")) and under(name, ("tests",)):
             yield f"{where}: imports the tests ({name})"
-        if rel.startswith("localcluster/") and under(name, ("etoperator",)):
-            if name != "etoperator" and not under(name, PUBLIC):
-                yield f"{where}: reaches past the operator's public face ({name})"
+        inside = rel.startswith("localcluster/") and under(name, ("etoperator",))
+        if inside and name != "etoperator" and not under(name, PUBLIC):
+            yield f"{where}: reaches past the operator's public face ({name})"
 
 
 def sizes(rel: str, text: str, tree: ast.Module) -> Iterator[tuple[str, int, int]]:
