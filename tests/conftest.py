@@ -87,6 +87,8 @@ INTEGRATION = {
 TO_PART = {
     "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_torchrun_job_s_scale_is_"
     "harmless": "c",
+    "tests/integration/test_crash.py::test_a_crash_at_every_write_of_a_save_then_stop_loses_no"
+    "_step": "c",
     "tests/integration/test_horovod.py::test_a_worker_slow_to_start_joins_and_the_job_trains"
     "_on": "b",
     "tests/fullchain/test_demo.py::test_a_killed_demo_leaves_nothing_once_demo_down_runs": "a",

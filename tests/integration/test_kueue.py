@@ -6,7 +6,6 @@ quota is in CPU requests: the launcher and each worker ask for 100m."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -29,6 +28,7 @@ from localcluster.queues import (
 )
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
+from tests.support.crashes import Step, crash_through
 
 pytestmark = pytest.mark.integration
 
@@ -321,31 +321,6 @@ def test_a_crash_at_every_write_of_admission_and_slicing_leaks_no_quota(
     for sc, kind in (("cc-o", "ScaleOut"), ("cc-i", "ScaleIn")):
         assert cluster.phase(ns, sc, kind) == "ScaleSucceeded", sc
     assert crashes >= 5, f"only {crashes} Workload writes were crashed after"
-
-
-Step = tuple[Callable[[], object], Callable[[], bool]]
-
-
-def crash_through(cluster: Cluster, steps: list[Step], arm: Callable[[], Crash]) -> int:
-    """Each step's act, then its check polled until it holds, the operator SIGKILLed after
-    each write `arm` matches and a new one started: the number of crashes."""
-    crashes, crash = 0, arm()
-    for act, done in steps:
-        act()
-        deadline = time.monotonic() + 120
-        while not done():
-            assert time.monotonic() < deadline, f"not consistent after {crashes} crashes"
-            if crash.fired:  # a new process takes over, to be killed at its first write
-                assert crash.killed.wait(30), "the operator was not killed"
-                cluster.proxy.disarm()
-                cluster.operator.start()
-                crashes, crash = crashes + 1, arm()
-            time.sleep(0.05)
-    cluster.proxy.disarm()
-    if crash.fired:
-        assert crash.killed.wait(30)
-        cluster.operator.start()
-    return crashes
 
 
 @pytest.mark.faults
