@@ -17,8 +17,9 @@ job's own image (it needs torch, which the workers' image has) in two ways:
   then costs no new Python and no torch import, the most of a restart on a busy node. A
   command that asks for a start method, a module or no Python is torchrun's as it is.
 - `leave`: a worker's preStop. It holds its own agent where it stands (neither failing its
-  workers nor joining another round), asks the launcher to take it out, waits for that, then
-  ends the agent with SIGTERM (torch then leaves the rendezvous open for the others). Our
+  workers nor joining another round), asks the launcher to take it out and waits for that;
+  the kubelet's SIGTERM then ends the agent (torch leaves the rendezvous open for the others;
+  an agent that is not the container's first process the hook ends itself). Our
   agent holds at HOLD (it is its container's first process, which the kernel spares every
   signal without a handler sent from inside, SIGSTOP too); torchrun as it is gets SIGSTOP.
   What it does goes to the container's log (a hook's own output is dropped by the kubelet).
@@ -32,8 +33,10 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -221,34 +224,66 @@ def leave() -> int:
     say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
     start = time.monotonic()
     try:
-        taken = ask_to_leave(addr)
-        say(f"leave: {'taken out' if taken else 'not answered'} after "
-            f"{time.monotonic() - start:.1f} s")  # fmt: skip
-    except Exception as failed:  # the launcher gone: the agent still ends
-        say(f"leave: the launcher was not reached ({type(failed).__name__}: {failed})")
+        said = bounded(partial(ask_to_leave, addr), LEAVE_WAIT + 10)
+        say(f"leave: {said} after {time.monotonic() - start:.1f} s")
+    except Exception as failed:  # the launcher not answering: the agent still ends
+        say(f"leave: the launcher did not answer ({type(failed).__name__}: {failed})")
         return 1
     finally:
-        say("leave: ending the agent")
-        for pid in ours + theirs:  # SIGTERM before SIGCONT: it wakes to it, not to its round
-            os.kill(pid, signal.SIGTERM)
-            os.kill(pid, signal.SIGCONT)
+        end_agents([p for p in ours + theirs if p != 1])
+        say("leave: done; the agent ends at the kubelet's SIGTERM")
     return 0
 
 
-def ask_to_leave(addr: str) -> bool:
-    """Whether the launcher took `addr` out within LEAVE_WAIT."""
+def end_agents(pids: list[int]) -> None:
+    """SIGTERM before SIGCONT: an agent wakes to it, not to its round. Never the container's
+    first process: its end would end the container and cut this hook short (the kubelet
+    then reports it failed); the kubelet's SIGTERM ends it once the hook returns."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+
+
+def bounded(ask: Callable[[], str], seconds: float) -> str:
+    """`ask()` in a thread given `seconds` (torch's client may wait on a launcher that took
+    the connection and hangs for longer than its own timeout): its answer, or it raises."""
+    answer: list[str] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(ask())
+        except Exception as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if failed:
+        raise failed[0]
+    if not answer:
+        raise TimeoutError(f"no answer within {seconds:.0f} s")
+    return answer[0]
+
+
+def ask_to_leave(addr: str) -> str:
+    """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
     from torch._C._distributed_c10d import TCPStore
 
     host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
+    try:  # torch's client retries a refused connection for its whole timeout
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return "nothing to leave: the launcher is gone (the whole run stops)"
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
     n = store.add(LEAVES, 1)
     store.set(f"{LEAVE}{n}", addr)
     deadline = time.monotonic() + LEAVE_WAIT
     while time.monotonic() < deadline:
         if store.check([f"{LEFT}{addr}"]):
-            return True
+            return "taken out"
         time.sleep(TICK)
-    return False
+    return "not taken out in time"
 
 
 def hold(_signum: int, _frame: object) -> None:

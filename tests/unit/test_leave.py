@@ -3,9 +3,11 @@ is in a pod (the kernel drops a SIGSTOP sent to such a process from inside its n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -77,8 +79,10 @@ def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
         argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     env["PET_LOCAL_ADDR"] = addr
+    # a session of its own: its forkserver and workers go with it at the end (a container's
+    # do with the container)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+                            text=True, start_new_session=True)  # fmt: skip
     return Stream(proc)
 
 
@@ -90,11 +94,17 @@ def world(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[str
     discover.chmod(0o755)
     argv = [sys.executable, "-u", rendezvous.__file__, "serve", str(port), "r", "1",
             str(discover)]  # fmt: skip
-    procs = [subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+    ]
     try:
         yield port, tmp_path, procs  # type: ignore[misc]
     finally:
         for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the agents' sessions, whole
             proc.kill()
             proc.wait()
 
@@ -116,7 +126,7 @@ def a_node_waits(port: int) -> None:
 def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     world: tuple[int, Path, list[subprocess.Popen[str]]],
 ) -> None:
-    """While its leave is taken (here: a launcher that does not answer, 5 s), the leaving
+    """While its leave is taken (here: a launcher that does not answer, 5 s each try), the leaving
     agent neither restarts its worker for a membership change nor joins another round; once
     the hook ends it, it ends at once."""
     port, tmp_path, procs = world
@@ -127,8 +137,11 @@ def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     staying.wait_for("worker started")
     pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
                           text=True, check=True).stdout.split()[0]  # fmt: skip
+    silent = socket.socket()  # a launcher that takes the connection and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
     hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}  # fmt: skip
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{silent.getsockname()[1]}"}  # fmt: skip
     hook = subprocess.Popen(
         ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
         env=hook_env,
@@ -138,9 +151,37 @@ def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     a_node_waits(port)
     staying.wait_for("worker stopped")  # a membership change, as the staying agent saw it
     assert hook.poll() is None, "the hook ended before the change reached the agents"
-    hook.wait(timeout=60)
-    ended = leaving.wait_for("leave: ending", after=held)
+    assert hook.wait(timeout=60) == 1  # the launcher never answered: the hook says so
+    silent.close()
+    ended = leaving.wait_for("leave: done", after=held)
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     restarted = [line for line in leaving.lines[held:ended] if line.startswith("worker")]
     assert not restarted, f"the leaving agent moved while held: {leaving.lines[held:ended]}"
     # it ends at the hook's SIGTERM, its worker too (sys.exit(0) at it: not killed 30 s later)
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_when_the_launcher_is_gone_ends_the_agent_at_once_without_a_failure(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """A whole stop deletes the launcher first: a worker's leave then has nothing to leave,
+    which is no failure of its hook (no FailedPreStopHook at every stop) and waits for no
+    timeout of torch's client."""
+    port, tmp_path, procs = world
+    (tmp_path / "discover").write_text("#!/bin/sh\necho a\n")  # one host: its round closes
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    procs.append(leaving.proc)
+    leaving.wait_for("worker started", within=120)
+    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}  # fmt: skip
+    hook = subprocess.run(
+        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
+        env=hook_env, timeout=30,
+    )  # fmt: skip
+    assert hook.returncode == 0
+    said = leaving.wait_for("leave: nothing to leave")
+    assert "after 0." in leaving.lines[said] or "after 1." in leaving.lines[said]
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)
