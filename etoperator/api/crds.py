@@ -94,16 +94,17 @@ def _pod_template(desc: str) -> Schema:
     }
 
 
-_WORKER_CEL = [
-    {
-        "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
-        "message": "minReplicas must not exceed replicas",
-    },
-    {
-        "rule": "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
-        "message": "replicas must not exceed maxReplicas",
-    },
-]
+def _cel(*rules: tuple[str, str]) -> list[Schema]:
+    """x-kubernetes-validations: (rule, message) each."""
+    return [{"rule": rule, "message": message} for rule, message in rules]
+
+
+_WORKER_CEL = _cel(
+    ("!has(self.minReplicas) || self.minReplicas <= self.replicas",
+     "minReplicas must not exceed replicas"),
+    ("!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+     "replicas must not exceed maxReplicas"),
+)  # fmt: skip
 
 
 def trainingjob_schema() -> Schema:
@@ -131,16 +132,12 @@ def trainingjob_schema() -> Schema:
     return {"type": "object", "properties": {"spec": spec, "status": JobStatus.schema()}}
 
 
-_JOB_CEL = [
-    {
-        "rule": "has(self.etReplicaSpecs.launcher) || self.runtime == 'Torchrun'",
-        "message": "etReplicaSpecs.launcher is required unless runtime is Torchrun",
-    },
-    {
-        "rule": "!has(self.elasticPolicy) || self.runtime == 'Torchrun'",
-        "message": "elasticPolicy is for runtime Torchrun",
-    },
-]
+_JOB_CEL = _cel(
+    ("has(self.etReplicaSpecs.launcher) || self.runtime == 'Torchrun'",
+     "etReplicaSpecs.launcher is required unless runtime is Torchrun"),
+    ("!has(self.elasticPolicy) || self.runtime == 'Torchrun'",
+     "elasticPolicy is for runtime Torchrun"),
+)  # fmt: skip
 
 
 def _replica_specs() -> Schema:
