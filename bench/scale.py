@@ -363,7 +363,7 @@ def time_passed(when: float) -> bool:
 
 def p8(tmp: Path, jobs: int = 10) -> list[Row]:
     """Two replicas; the leader SIGKILLed while every job scales out."""
-    from localcluster.cluster import OperatorProcess
+    from localcluster.operatorproc import OperatorProcess
 
     c = hollow(tmp, jobs * 4)
     try:

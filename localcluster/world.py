@@ -20,9 +20,10 @@ import yaml
 
 from etoperator import kube, naming
 from localcluster import runnotes
-from localcluster.cluster import DeployedOperator, LocalCluster, OperatorProcess
+from localcluster.cluster import DeployedOperator, LocalCluster
 from localcluster.controlplane import ControlPlane
 from localcluster.hollow import HollowNodes
+from localcluster.operatorproc import OperatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

@@ -13,9 +13,10 @@ from pathlib import Path
 import yaml
 
 from etoperator import kube
-from localcluster.cluster import LocalCluster, OperatorProcess
+from localcluster.cluster import LocalCluster
 from localcluster.controlplane import ControlPlane
 from localcluster.manifests import EXIT_FILE, GATE_PID, REFUSED_KEYS
+from localcluster.operatorproc import OperatorProcess
 from localcluster.world import (
     ROOT,
     Chain,

@@ -16,7 +16,7 @@ import pytest
 from localcluster import procs
 from localcluster.cluster import clear_killed_runs
 from localcluster.network import NETNS_DIR, SLOTS, free_slots
-from localcluster.node import NAMESPACES
+from localcluster.nodeclean import NAMESPACES
 from tests.harness import ROOT
 
 pytestmark = pytest.mark.fullchain

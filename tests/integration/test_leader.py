@@ -16,8 +16,8 @@ import pytest
 from etoperator.clock import iso_micro, utcnow
 from etoperator.kube import Kube
 from etoperator.leader import LEASE, LeaderElection
-from localcluster.cluster import OperatorProcess
 from localcluster.manifests import job, scaleout
+from localcluster.operatorproc import OperatorProcess
 from tests.harness import Cluster, wait_for
 from tests.support.waits import running
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localcluster.manifests import IMAGE
-from localcluster.node import image_name
+from localcluster.nodestore import image_name
 from tests.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@ so a group listed by the walk can be gone by the time it is read."""
 
 from pathlib import Path
 
-from localcluster.node import tree_pids
+from localcluster.nodeclean import tree_pids
 
 
 def test_a_group_gone_between_listing_and_reading_is_skipped(tmp_path: Path) -> None:

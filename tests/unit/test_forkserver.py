@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.cluster import OperatorProcess
+from localcluster.operatorproc import OperatorProcess
 from localcluster.world import wait_for
 
 # An apiserver nobody listens at: the operator starts and keeps trying to reach it.
