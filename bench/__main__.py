@@ -25,7 +25,9 @@ from bench.gangs import g1
 from bench.ha import ha, p10
 from bench.preempt import q2, q3
 from bench.queues import q1
-from bench.scale import p5, p7, p8, p9
+from bench.scale import p5, p9
+from bench.scaleloop import p7
+from bench.takeover import p8
 from bench.torchrun import t1
 from bench.training import accuracy, kills, p4, p6
 

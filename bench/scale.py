@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    STEPS,
     Row,
-    Timeline,
     at,
     buckets_of,
     cpu_by_part,
@@ -26,15 +24,10 @@ from bench.common import (
     rss_mib,
     scrape,
     server_seconds,
-    step_label,
     step_p99,
 )
-from localcluster.manifests import job, scalein, scaleout
-from localcluster.world import (
-    Hollow,
-    World,
-    wait_for,
-)
+from localcluster.manifests import job
+from localcluster.world import Hollow, World, wait_for
 
 
 def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
@@ -46,89 +39,97 @@ def p5(tmp: Path, jobs: int, workers: int) -> list[Row]:
         t0, wall0, cpu0 = time.monotonic(), time.time(), cpu_by_part(c)
         for i in range(jobs):
             c.create(job(f"j{i}", replicas=workers), ns)
-        running = partial(
-            lambda: sum(
-                1
-                for j in c.api.list("TrainingJob", ns)
-                if (j.get("status") or {}).get("phase") == "Running"
-            )
-        )
-        wait_for(lambda: running() == jobs, 3600, "all jobs Running", interval=5)
-        settle, cpu = time.monotonic() - t0, cpu_by_part(c)
-        used = sorted(((cpu[k] - cpu0[k], k) for k in cpu), reverse=True)
-        events = operator_write_events(c, wall0, time.time())
-        writes, served = operator_writes(events), server_seconds(events)
-        lag = launcher_lag(c.api.list("Pod", ns), events)
-        made = [  # the workers a first pass creates
-            at(e["stageTimestamp"])
-            for e in events
-            if e["verb"] == "create"
-            and (ref := e.get("objectRef") or {}).get("resource") == "pods"
-            and "-worker-" in ref.get("name", "")
-        ]
-        metrics = scrape(c)
-        p50 = histogram_quantile(metrics, "etoperator_reconcile_duration_seconds", 0.5)
-        p99 = histogram_quantile(metrics, "etoperator_reconcile_duration_seconds", 0.99)
-        passes = dict(buckets_of(metrics, "etoperator_reconcile_duration_seconds"))
-        waits = "etoperator_pass_wait_seconds"
-        waited = [
-            histogram_quantile(metrics, waits, q, labels=f'job="{kind}"')
-            for kind in ("new", "started")
-            for q in (0.5, 0.99)
-        ]
-        stale = re.search(r"^etoperator_stale_views_total ([0-9.e+]+)$", metrics, re.M)
-        slow = f"{passes[float('inf')] - passes[0.5]:.0f} of {passes[float('inf')]:.0f}"
-        slow += f" ({float(stale[1]) if stale else 0:.0f} not run: the cache behind a write)"
-        slow_passes = slow_pass_summary(c.operator.log.read_text(errors="replace"))
-        by_step = ", ".join(
-            f"{step} {step_p99(metrics, step)} ({over(metrics, step)} over 0.5)"
-            for step in ("basics", "views", "plan", "writes", "children")
-        )
-        wait_for(
-            lambda: not operator_requests(c, time.time() - 10, time.time()),
-            120,
-            "quiet",
-            interval=2,
-        )
-        window = 120.0  # two resyncs of every job fall in it
-        start, at_start = time.time(), scrape(c)
-        wait_for(lambda: time.time() >= start + window + 2, window + 10, interval=1)
-        verbs = operator_requests(c, start, start + window)
-        steady = scrape(c)
-        s50 = histogram_quantile(steady, "etoperator_reconcile_duration_seconds", 0.5, at_start)
-        s99 = histogram_quantile(steady, "etoperator_reconcile_duration_seconds", 0.99, at_start)
-        lists = sum(1 for v in verbs if v == "list")
-        return [
-            ("P5", f"{jobs} jobs x {workers} workers: all Running after", f"{settle:.1f}s", ""),
-            ("P5", "... every worker pod created after (first passes done)",
-             f"{max(made) - wall0:.1f}s", ""),
-            ("P5", "... a job's launcher created after the apiserver had its last worker Running "
-             "(the operator's share of the wait), p50 / p99 / max; the hollow kubelets' "
-             "report of a worker Ready, p50 / p99", lag, ""),
-            ("P5", "reconcile pass p50 / p99 while starting (50 ms buckets)",
-             f"<= {p50}s / <= {p99}s", "p99 <= 0.5 s"),
-            ("P5", "... passes over 0.5 s while starting", slow, ""),
-            ("P5", "... a woken job's wait for a free thread, p50 / p99: new jobs; started",
-             f"<= {waited[0]}s / <= {waited[1]}s; <= {waited[2]}s / <= {waited[3]}s", ""),
-            ("P5", "... p99 of each step of a pass (<= s)", by_step, ""),
-            ("P5", "... the slow passes (operator log): by the job's phase; their time outside "
-             "the steps, p50 / max", slow_passes, ""),
-            ("P5", "... the apiserver's own time over the operator's writes, p50 / p99 (n)",
-             ", ".join(f"{v} {pct(t, 0.5):.3f} / {pct(t, 0.99):.3f} s ({len(t)})"
-                       for v, t in sorted(served.items())), ""),
-            ("P5", "... CPU seconds by part (2 cores)",
-             ", ".join(f"{k} {v:.0f}" for v, k in used), ""),
-            ("P5", "... operator writes per job",
-             ", ".join(f"{k} {n / jobs:.1f}" for k, n in writes.most_common(8)), ""),
-            ("P5", "reconcile pass p50 / p99 once steady", f"<= {s50}s / <= {s99}s",
-             "p99 <= 0.5 s"),
-            ("P5", "operator RSS", f"{rss_mib(c.operator.proc)} MiB", "<= 300 MiB"),
-            ("P5", "operator requests per minute, steady",
-             f"{len(verbs) * 60 / window:.1f} ({lists} LIST)",
-             f"no LIST, < {jobs / 10:.0f} (1 per job per 10 min)"),
-        ]  # fmt: skip
+        wait_for(partial(all_running_jobs, c, ns, jobs), 3600, "all jobs Running", interval=5)
+        settle = time.monotonic() - t0
+        head = ("P5", f"{jobs} jobs x {workers} workers: all Running after", f"{settle:.1f}s", "")
+        return [head, *starting(c, ns, jobs, wall0, cpu0), *steady(c, jobs)]
     finally:
         c.stop()
+
+
+def starting(c: Hollow, ns: str, jobs: int, wall0: float, cpu0: dict[str, float]) -> list[Row]:
+    """While the jobs started: their first passes' writes, the launchers' lag, the passes,
+    the apiserver's time over the writes, the cores."""
+    cpu = cpu_by_part(c)
+    used = sorted(((cpu[k] - cpu0[k], k) for k in cpu), reverse=True)
+    events = operator_write_events(c, wall0, time.time())
+    writes, served = operator_writes(events), server_seconds(events)
+    lag = launcher_lag(c.api.list("Pod", ns), events)
+    made = [  # the workers a first pass creates
+        at(e["stageTimestamp"])
+        for e in events
+        if e["verb"] == "create"
+        and (ref := e.get("objectRef") or {}).get("resource") == "pods"
+        and "-worker-" in ref.get("name", "")
+    ]
+    return [
+        ("P5", "... every worker pod created after (first passes done)",
+         f"{max(made) - wall0:.1f}s", ""),
+        ("P5", "... a job's launcher created after the apiserver had its last worker Running "
+         "(the operator's share of the wait), p50 / p99 / max; the hollow kubelets' "
+         "report of a worker Ready, p50 / p99", lag, ""),
+        *passes(scrape(c), c.operator.log.read_text(errors="replace")),
+        ("P5", "... the apiserver's own time over the operator's writes, p50 / p99 (n)",
+         ", ".join(f"{v} {pct(t, 0.5):.3f} / {pct(t, 0.99):.3f} s ({len(t)})"
+                   for v, t in sorted(served.items())), ""),
+        ("P5", "... CPU seconds by part (2 cores)",
+         ", ".join(f"{k} {v:.0f}" for v, k in used), ""),
+        ("P5", "... operator writes per job",
+         ", ".join(f"{k} {n / jobs:.1f}" for k, n in writes.most_common(8)), ""),
+    ]  # fmt: skip
+
+
+def passes(metrics: str, log_text: str) -> list[Row]:
+    """The passes while the jobs started: their time, the slow ones, the wait for a thread,
+    each step's."""
+    name = "etoperator_reconcile_duration_seconds"
+    p50, p99 = histogram_quantile(metrics, name, 0.5), histogram_quantile(metrics, name, 0.99)
+    counts = dict(buckets_of(metrics, name))
+    waited = [
+        histogram_quantile(metrics, "etoperator_pass_wait_seconds", q, labels=f'job="{kind}"')
+        for kind in ("new", "started")
+        for q in (0.5, 0.99)
+    ]
+    stale = re.search(r"^etoperator_stale_views_total ([0-9.e+]+)$", metrics, re.M)
+    slow = f"{counts[float('inf')] - counts[0.5]:.0f} of {counts[float('inf')]:.0f}"
+    slow += f" ({float(stale[1]) if stale else 0:.0f} not run: the cache behind a write)"
+    by_step = ", ".join(
+        f"{step} {step_p99(metrics, step)} ({over(metrics, step)} over 0.5)"
+        for step in ("basics", "views", "plan", "writes", "children")
+    )
+    return [
+        ("P5", "reconcile pass p50 / p99 while starting (50 ms buckets)",
+         f"<= {p50}s / <= {p99}s", "p99 <= 0.5 s"),
+        ("P5", "... passes over 0.5 s while starting", slow, ""),
+        ("P5", "... a woken job's wait for a free thread, p50 / p99: new jobs; started",
+         f"<= {waited[0]}s / <= {waited[1]}s; <= {waited[2]}s / <= {waited[3]}s", ""),
+        ("P5", "... p99 of each step of a pass (<= s)", by_step, ""),
+        ("P5", "... the slow passes (operator log): by the job's phase; their time outside "
+         "the steps, p50 / max", slow_pass_summary(log_text), ""),
+    ]  # fmt: skip
+
+
+def steady(c: Hollow, jobs: int) -> list[Row]:
+    """Once quiet, over two resyncs of every job: the passes, the memory, the requests."""
+    wait_for(lambda: not operator_requests(c, time.time() - 10, time.time()), 120, "quiet",
+             interval=2)  # fmt: skip
+    window = 120.0  # two resyncs of every job fall in it
+    start, at_start = time.time(), scrape(c)
+    wait_for(lambda: time.time() >= start + window + 2, window + 10, interval=1)
+    verbs = operator_requests(c, start, start + window)
+    now = scrape(c)
+    name = "etoperator_reconcile_duration_seconds"
+    s50 = histogram_quantile(now, name, 0.5, at_start)
+    s99 = histogram_quantile(now, name, 0.99, at_start)
+    lists = sum(1 for v in verbs if v == "list")
+    return [
+        ("P5", "reconcile pass p50 / p99 once steady", f"<= {s50}s / <= {s99}s",
+         "p99 <= 0.5 s"),
+        ("P5", "operator RSS", f"{rss_mib(c.operator.proc)} MiB", "<= 300 MiB"),
+        ("P5", "operator requests per minute, steady",
+         f"{len(verbs) * 60 / window:.1f} ({lists} LIST)",
+         f"no LIST, < {jobs / 10:.0f} (1 per job per 10 min)"),
+    ]  # fmt: skip
 
 
 def launcher_lag(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> str:
@@ -176,136 +177,6 @@ def slow_pass_summary(log_text: str) -> str:
         return "none"
     by_phase = ", ".join(f"{p} {n}" for p, n in phases.most_common())
     return f"{by_phase}; {pct(outside, 0.5):.2f} / {max(outside):.2f} s"
-
-
-def p7(tmp: Path, jobs: int = 20, minutes: float = 5.0) -> list[Row]:
-    """Jobs scaling out and in without pause: request -> ScaleSucceeded, minus pod start."""
-    import threading
-
-    c = hollow(tmp, jobs * 6)
-    outs: list[float] = []
-    ins: list[float] = []
-    failures: list[str] = []
-    try:
-        ns = c.new_namespace()
-        for i in range(jobs):
-            c.create(job(f"s{i}", replicas=2, maxReplicas=4), ns)
-        wait_for(lambda: all(c.phase(ns, f"s{i}") == "Running" for i in range(jobs)), 300,
-                 interval=1)  # fmt: skip
-        tl = Timeline(c, ns)
-        end = time.monotonic() + minutes * 60
-        steps: dict[str, list[float]] = {}
-
-        def step(name: str, since: float, until: float) -> None:
-            steps.setdefault(name, []).append(until - since)
-
-        def scale(kind: str, name: str, manifest: dict[str, object]) -> tuple[float, float]:
-            """(when it was asked for, when it ended)."""
-            t0 = time.monotonic()
-            c.create(manifest, ns)
-            ended = partial(
-                lambda: tl.seen(("ScaleSucceeded", name)) or tl.seen(("ScaleFailed", name))
-            )
-            wait_for(ended, 120, interval=0.05)
-            if not tl.seen(("ScaleSucceeded", name)):
-                failures.append(name)
-                return t0, time.monotonic()
-            wait_for(partial(tl.seen, ("Scaling", name)), 5, interval=0.05)
-            step(f"{kind}: created -> Scaling (the operator took it)", t0, tl.at["Scaling", name])
-            return t0, tl.at["ScaleSucceeded", name]
-
-        def scale_out(j: str, n: int) -> None:
-            name = f"{j}-o{n}"
-            t0, done = scale("ScaleOut", name, scaleout(name, j, 1))
-            (pod,) = c.status(ns, name, "ScaleOut").get("addPods") or [""]
-            if name in failures or not pod:
-                return
-            wait_for(partial(tl.seen, ("created", pod), ("running", pod), ("listed", pod)), 10,
-                     interval=0.05)  # fmt: skip
-            at = partial(lambda what: tl.at[what, pod])
-            step("ScaleOut: Scaling -> pod created", tl.at["Scaling", name], at("created"))
-            step("ScaleOut: pod created -> Running (scheduler, kubelet: not ours)",
-                 at("created"), at("running"))  # fmt: skip
-            step("ScaleOut: pod Running -> host listed", at("running"), at("listed"))
-            step("ScaleOut: host listed -> ScaleSucceeded", at("listed"), done)
-            outs.append(done - t0 - (at("running") - at("created")))  # the pod's start is not ours
-
-        def scale_in(j: str, n: int) -> None:
-            # A hollow pod cannot be asked whether Horovod left it (the apiserver cannot reach
-            # a hollow kubelet for pods/exec): the drain check always waits out the scaler's
-            # timeout, here its 1 s minimum, and is left out of the figure.
-            name = f"{j}-i{n}"
-            t0, done = scale("ScaleIn", name, scalein(name, j, count=1, timeout=1))
-            (pod,) = c.status(ns, name, "ScaleIn").get("toDeletePods") or [""]
-            if name in failures or not pod:
-                return
-            wait_for(partial(tl.seen, ("unlisted", pod), ("deleted", pod)), 10, interval=0.05)
-            at = partial(lambda what: tl.at[what, pod])
-            step("ScaleIn: Scaling -> victim unlisted", tl.at["Scaling", name], at("unlisted"))
-            step("ScaleIn: unlisted -> ScaleSucceeded (the 1 s drain timeout)", at("unlisted"),
-                 done)  # fmt: skip
-            step("ScaleIn: ScaleSucceeded -> pod deleted", done, at("deleted"))
-            ins.append(at("unlisted") - t0)
-
-        def loop(j: str) -> None:
-            n = 0
-            while time.monotonic() < end:
-                n += 1
-                scale_out(j, n)
-                scale_in(j, n)
-
-        threads = [threading.Thread(target=loop, args=(f"s{i}",)) for i in range(jobs)]
-        wall0, cpu0, metrics0 = time.time(), cpu_by_part(c), scrape(c)
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        where = where_time_went(c, wall0, cpu0, metrics0, max(1, len(outs) + len(ins)))
-        return [
-            ("P7", f"{jobs} jobs scaling {minutes:.0f} min: ScaleOut, minus pod start",
-             f"p50 {pct(outs, 0.5):.2f}s, p99 {pct(outs, 0.99):.2f}s ({len(outs)})", "p99 <= 2 s"),
-            ("P7", "ScaleIn -> victim unlisted (no drain check on hollow nodes)",
-             f"p50 {pct(ins, 0.5):.2f}s, p99 {pct(ins, 0.99):.2f}s ({len(ins)})", "p99 <= 2 s"),
-            ("P7", "scalers that failed", str(len(failures)), "0"),
-            *(("P7", f"  {what}", f"p50 {pct(took, 0.5):.2f}s, p99 {pct(took, 0.99):.2f}s", "")
-              for what, took in steps.items()),
-            *(("P7", what, figure, "") for what, figure in where),
-        ]  # fmt: skip
-    finally:
-        c.stop()
-
-
-def where_time_went(
-    c: Hollow, wall0: float, cpu0: dict[str, float], metrics0: str, scales: int
-) -> list[tuple[str, str]]:
-    """Since `wall0`: the operator's passes and their wait for a thread, the apiserver's own
-    time over the operator's writes, and who took the cores (P7's tail is one of these)."""
-    metrics, cpu = scrape(c), cpu_by_part(c)
-
-    def upto(name: str, q: float, labels: str = "") -> float:
-        return histogram_quantile(metrics, name, q, metrics0, labels)
-
-    passes, waits = "etoperator_reconcile_duration_seconds", "etoperator_pass_wait_seconds"
-    steps = ("views", "plan", "writes", "children")
-    events = operator_write_events(c, wall0, time.time())
-    served, writes = server_seconds(events), operator_writes(events)
-    used = sorted(((cpu[k] - cpu0[k], k) for k in cpu), reverse=True)
-    return [
-        ("... reconcile pass p50 / p99", f"<= {upto(passes, 0.5)}s / <= {upto(passes, 0.99)}s"),
-        ("... a woken job's wait for a free thread, p50 / p99",
-         f"<= {upto(waits, 0.5, STARTED)}s / <= {upto(waits, 0.99, STARTED)}s"),
-        ("... p99 of each step of a pass (<= s)",
-         ", ".join(f"{step} {upto(STEPS, 0.99, step_label(step))}" for step in steps)),
-        ("... the apiserver's own time over the operator's writes, p50 / p99 (n)",
-         ", ".join(f"{v} {pct(t, 0.5):.3f} / {pct(t, 0.99):.3f} s ({len(t)})"
-                   for v, t in sorted(served.items()) if v in ("create", "delete", "patch"))),
-        ("... CPU seconds by part (2 cores)", ", ".join(f"{k} {v:.0f}" for v, k in used)),
-        ("... operator writes per scale (n)",
-         ", ".join(f"{k} {n / scales:.1f}" for k, n in writes.most_common(10))),
-    ]  # fmt: skip
-
-
-STARTED = 'job="started"'
 
 
 P9_STEPS = (250, 500, 1000, 2000)
@@ -359,68 +230,3 @@ def all_running_jobs(c: World, ns: str, count: int) -> bool:
 
 def time_passed(when: float) -> bool:
     return time.monotonic() >= when
-
-
-def p8(tmp: Path, jobs: int = 10) -> list[Row]:
-    """Two replicas; the leader SIGKILLed while every job scales out."""
-    from localcluster.operatorproc import OperatorProcess
-
-    c = hollow(tmp, jobs * 4)
-    try:
-        c.operator.stop()
-        base = c.operator
-        pair = {
-            n: OperatorProcess(base.kubeconfig, base.log.with_name(f"{n}.log"), base.ssh_port,
-                               extra=[*base.extra, "--leader-election",
-                                      "--lease-namespace", "etoperator-system"],
-                               env={"POD_NAME": n})
-            for n in ("replica-a", "replica-b")
-        }  # fmt: skip
-        for proc in pair.values():
-            proc.start()
-
-        def holder() -> str:
-            lease = c.api.get("Lease", "etoperator-system", "etoperator") or {}
-            return str((lease.get("spec") or {}).get("holderIdentity") or "")
-
-        leader = wait_for(holder, 30)
-        ns = c.new_namespace()
-        for i in range(jobs):
-            c.create(job(f"h{i}", replicas=2, maxReplicas=4), ns)
-        wait_for(lambda: all(c.phase(ns, f"h{i}") == "Running" for i in range(jobs)), 300,
-                 interval=1)  # fmt: skip
-        for node in c.nodes():  # the new workers stay Pending until the leader is killed
-            c.kubectl("cordon", node)
-        for i in range(jobs):
-            c.create(scaleout(f"grow{i}", f"h{i}", 1), ns)
-        wait_for(lambda: all(c.status(ns, f"grow{i}", "ScaleOut").get("addPods")
-                             for i in range(jobs)), 60)  # fmt: skip
-        pair[leader].kill()
-        killed = time.monotonic()
-        for node in c.nodes():
-            c.kubectl("uncordon", node)
-        wait_for(lambda: holder() not in ("", leader), 60, interval=0.1)
-        took_over = time.monotonic() - killed
-        done = partial(lambda: all(c.phase(ns, f"grow{i}", "ScaleOut") == "ScaleSucceeded"
-                                   for i in range(jobs)))  # fmt: skip
-        wait_for(done, 60, interval=0.2)
-        finished = time.monotonic() - killed
-        duplicates = orphans = stuck = 0
-        for i in range(jobs):
-            target = c.status(ns, f"h{i}").get("targetWorkers") or []
-            pods = c.pods(ns, f"h{i}", "worker")
-            duplicates += max(0, len(pods) - len(set(target)))
-            orphans += len(set(pods) - set(target))
-            stuck += c.phase(ns, f"grow{i}", "ScaleOut") != "ScaleSucceeded"
-        for proc in pair.values():
-            proc.stop()
-        return [
-            ("P8", "leader SIGKILLed mid-scale: standby holds the Lease after",
-             f"{took_over:.1f}s", "<= 15 s"),
-            ("P8", f"... and all {jobs} in-flight ScaleOuts succeeded after", f"{finished:.1f}s",
-             ""),
-            ("P8", "duplicate / orphan pods, stuck scalers", f"{duplicates} / {orphans} / {stuck}",
-             "0 / 0 / 0"),
-        ]  # fmt: skip
-    finally:
-        c.stop()

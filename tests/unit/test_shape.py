@@ -54,21 +54,29 @@ def test_each_offence_fails_naming_its_offender(
     assert any(said in line for line in found), found
 
 
+def baselined(tree: Path, lines: int = 450) -> Path:
+    """A module over the limit that the baseline lists at its size."""
+    target = tree / "localcluster" / "big.py"
+    target.write_text("a = 1\n" * lines)
+    with open(tree / "hack" / "shape-baseline.txt", "a") as f:
+        f.write(f"module localcluster/big.py {lines}\n")
+    return target
+
+
 def test_a_part_of_the_baseline_may_not_grow(tree: Path) -> None:
-    target = tree / "localcluster" / "node.py"
-    target.write_text(target.read_text() + "\n# one more line\n")
-    assert any("grew from" in line and "node.py" in line for line in shape().offences(tree))
+    target = baselined(tree)
+    assert shape().offences(tree) == []
+    target.write_text(target.read_text() + "# one more line\n")
+    assert any("grew from" in line and "big.py" in line for line in shape().offences(tree))
 
 
 def test_a_baseline_looser_than_the_code_fails(tree: Path) -> None:
     """A part that shrank must have its line lowered (or removed once within its limit):
     otherwise it could grow back to the old size unseen."""
-    target = tree / "localcluster" / "node.py"
-    target.write_text(target.read_text().replace("\n\n\n", "\n\n", 1))  # one line less
+    target = baselined(tree)
+    target.write_text("a = 1\n" * 449)  # one line less
     found = shape().offences(tree)
-    assert any("lower its line" in line and "node.py" in line for line in found), found
+    assert any("lower its line" in line and "big.py" in line for line in found), found
     target.write_text("a = 1\n")
     found = shape().offences(tree)
-    assert any(
-        "remove its line" in line and "module localcluster/node.py" in line for line in found
-    )
+    assert any("remove its line" in line and "module localcluster/big.py" in line for line in found)
