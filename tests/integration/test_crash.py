@@ -17,6 +17,7 @@ import pytest
 
 from etoperator import naming
 from localcluster.manifests import job, scalein, scaleout, torchrun_job
+from localcluster.queues import MILLICPU, QuotaWatch, make_queue
 from localcluster.torchlogs import Logbook
 from tests.faultproxy import Crash
 from tests.harness import Cluster, wait_for
@@ -186,12 +187,26 @@ def test_a_crash_as_a_scale_succeeds_never_undoes_it(cluster: Cluster, ns: str) 
 def test_a_crash_at_every_write_of_a_save_then_stop_loses_no_step(
     cluster: Cluster, ns: str, request: pytest.FixtureRequest
 ) -> None:
-    """A running job suspended, then resumed, with the operator SIGKILLed right after every
-    write it makes for the job and a new one taking over each time: the stop still lets the
-    training save first (the launcher's save handshake), every pod goes, and the resumed run
-    goes on from the very next step: none lost, none repeated, no failure counted."""
+    """A running job that Kueue admitted suspended, then resumed, with the operator SIGKILLed
+    right after every write it makes for the job (its pods, status, host list, Workloads) and
+    a new one taking over each time: the stop still lets the training save first (the
+    launcher's save handshake), every pod goes, its quota is given back and taken again (no
+    pod beyond what Kueue admits, sampled all along), and the resumed run goes on from the
+    very next step: none lost, none repeated, no failure counted."""
+    cq = make_queue(cluster, ns, pods=2)  # its 2 workers; the launcher asks nothing
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", "1000"]
-    cluster.create(torchrun_job(JOB, 2, args, minReplicas=1, maxReplicas=4), ns)
+    body = torchrun_job(JOB, 2, args, minReplicas=1, maxReplicas=4)
+    body["metadata"]["labels"] = {naming.LABEL_QUEUE: "lq"}
+    worker = body["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {"cpu": f"{MILLICPU}m"}}
+    with QuotaWatch(cluster, ns, cq):
+        suspended_and_resumed(cluster, ns, body, request)
+
+
+def suspended_and_resumed(
+    cluster: Cluster, ns: str, body: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    cluster.create(body, ns)
     book = Logbook(cluster, ns, JOB)
     request.addfinalizer(book.done.set)
     book.wait_at(2, 0, 180)

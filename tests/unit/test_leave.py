@@ -123,6 +123,18 @@ def a_node_waits(port: int) -> None:
             return
 
 
+def wait_rejoined(port: int, addr: str) -> None:
+    """Until the agent of `addr` waits in the rendezvous again (it restarted its worker)."""
+    backend = C10dRendezvousBackend(TCPStore("127.0.0.1", port, is_master=False), "r")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = backend.get_state()
+        if got is not None and addr in {n.addr for n in pickle.loads(got[0]).wait_list}:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{addr} never waited again")
+
+
 def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     world: tuple[int, Path, list[subprocess.Popen[str]]],
 ) -> None:
@@ -150,9 +162,10 @@ def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     held = leaving.wait_for("leave: holding")
     a_node_waits(port)
     staying.wait_for("worker stopped")  # a membership change, as the staying agent saw it
+    wait_rejoined(port, "127.0.0.3")  # by then a leaving agent not held would have moved too
     assert hook.poll() is None, "the hook ended before the change reached the agents"
-    assert hook.wait(timeout=60) == 1  # the launcher never answered: the hook says so
-    silent.close()
+    silent.close()  # the launcher gone at last
+    assert hook.wait(timeout=60) == 1  # it never answered: the hook says so
     ended = leaving.wait_for("leave: done", after=held)
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     restarted = [line for line in leaving.lines[held:ended] if line.startswith("worker")]
