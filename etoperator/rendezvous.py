@@ -268,13 +268,13 @@ def bounded(ask: Callable[[], str], seconds: float) -> str:
 
 def ask_to_leave(addr: str) -> str:
     """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
-    from torch._C._distributed_c10d import TCPStore
-
     host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
     try:  # torch's client retries a refused connection for its whole timeout
         socket.create_connection((host, int(port)), timeout=2).close()
     except OSError:
         return "nothing to leave: the launcher is gone (the whole run stops)"
+    from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
+
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
     n = store.add(LEAVES, 1)
     store.set(f"{LEAVE}{n}", addr)
