@@ -266,16 +266,29 @@ def bounded(ask: Callable[[], str], seconds: float) -> str:
     return answer[0]
 
 
+def reachable(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
 def ask_to_leave(addr: str) -> str:
     """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
     host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
-    try:  # torch's client retries a refused connection for its whole timeout
-        socket.create_connection((host, int(port)), timeout=2).close()
-    except OSError:
-        return "nothing to leave: the launcher is gone (the whole run stops)"
+    gone = "nothing to leave: the launcher is gone (the whole run stops)"
+    if not reachable(host, int(port)):
+        return gone
     from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
 
-    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+    if not reachable(host, int(port)):  # it went meanwhile: a whole stop deletes it first
+        return gone
+    try:  # torch's client retries a connection refused for its whole timeout: a short one
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=2))
+    except RuntimeError:
+        return gone
+    store.set_timeout(timedelta(seconds=5))
     n = store.add(LEAVES, 1)
     store.set(f"{LEAVE}{n}", addr)
     deadline = time.monotonic() + LEAVE_WAIT
