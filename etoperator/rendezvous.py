@@ -6,7 +6,7 @@ job's own image (it needs torch, which the workers' image has) in two ways:
 - `serve PORT RUN_ID MIN DISCOVER`: the launcher. It hosts the TCPStore every agent meets at
   (`--rdzv-backend=c10d`), so a ScaleIn can never take the rendezvous away with a worker, and
   it conducts: a worker that leaves on purpose is taken out of the rendezvous at once (its
-  agent frozen first), the others are told through torch's own "nodes waiting" count so that
+  agent held first), the others are told through torch's own "nodes waiting" count so that
   they restart their workers as a membership change (which does not use up --max-restarts),
   and a round is closed as soon as it holds as many nodes as the host list (DISCOVER prints
   it), not after torch's 30 s last call. Its exit is the run's: 0 once every agent passed
@@ -17,19 +17,16 @@ job's own image (it needs torch, which the workers' image has) in two ways:
   then costs no new Python and no torch import, the most of a restart on a busy node. A
   command that asks for a start method, a module or no Python is torchrun's as it is.
 - `leave`: a worker's preStop. It holds its own agent where it stands (neither failing its
-  workers nor joining another round), asks the launcher to take it out and waits for that;
-  the kubelet's SIGTERM then ends the agent (torch leaves the rendezvous open for the others;
-  an agent that is not the container's first process the hook ends itself). Our
-  agent holds at HOLD (it is its container's first process, which the kernel spares every
-  signal without a handler sent from inside, SIGSTOP too); torchrun as it is gets SIGSTOP.
-  What it does goes to the container's log (a hook's own output is dropped by the kubelet).
+  workers nor joining another round: HOLD, as the container's first process gets no SIGSTOP
+  sent from inside; torchrun as it is: SIGSTOP), asks the launcher to take it out and waits;
+  the kubelet's SIGTERM then ends the agent. Its lines go to the container's log.
 
-State edits go through torch's own backend with its compare-and-set token, as its agents'
-do; a lost race is tried again at the next tick.
-"""
+State edits go through torch's own backend with its compare-and-set token, as its agents' do;
+a lost race is tried again at the next tick."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -247,31 +244,28 @@ def end_agents(pids: list[int]) -> None:
 def bounded(ask: Callable[[], str], seconds: float) -> str:
     """`ask()` in a thread given `seconds` (torch's client may wait on a launcher that took
     the connection and hangs for longer than its own timeout): its answer, or it raises."""
-    answer: list[str] = []
-    failed: list[BaseException] = []
+    got: list[str | Exception] = []
 
     def run() -> None:
         try:
-            answer.append(ask())
+            got.append(ask())
         except Exception as exc:
-            failed.append(exc)
+            got.append(exc)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(seconds)
-    if failed:
-        raise failed[0]
-    if not answer:
+    if not got:
         raise TimeoutError(f"no answer within {seconds:.0f} s")
-    return answer[0]
+    if isinstance(got[0], Exception):
+        raise got[0]
+    return got[0]
 
 
 def reachable(host: str, port: int) -> bool:
-    try:
-        socket.create_connection((host, port), timeout=2).close()
-    except OSError:
-        return False
-    return True
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
+        return True
+    return False
 
 
 def ask_to_leave(addr: str) -> str:
