@@ -276,13 +276,14 @@ def ask_to_leave(addr: str) -> str:
         return gone
     from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
 
-    if not reachable(host, int(port)):  # it went meanwhile: a whole stop deletes it first
+    if not reachable(host, int(port)):  # it went meanwhile (a whole stop)
         return gone
-    try:  # torch's client retries a connection refused for its whole timeout: a short one
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=2))
+    try:  # a launcher that answers slowly on a busy node is no launcher gone
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
     except RuntimeError:
-        return gone
-    store.set_timeout(timedelta(seconds=5))
+        if not reachable(host, int(port)):
+            return gone
+        raise
     n = store.add(LEAVES, 1)
     store.set(f"{LEAVE}{n}", addr)
     deadline = time.monotonic() + LEAVE_WAIT
@@ -294,8 +295,7 @@ def ask_to_leave(addr: str) -> str:
 
 
 def hold(_signum: int, _frame: object) -> None:
-    """The leave's hold: the agent's main thread stays where it stands until SIGTERM (whose
-    handler raises out of here); its heartbeats run on until the launcher drops the node."""
+    """The leave's hold: the main thread parked until SIGTERM raises out (heartbeats go on)."""
     while True:
         time.sleep(3600)
 
