@@ -1,25 +1,21 @@
 """The rendezvous of a torchrun job: torch's c10d store, held by the job's launcher pod.
 
 Not imported by the operator: its source is shipped in the job's ConfigMap and run with the
-job's own image (it needs torch, which the workers' image has) in two ways:
+job's own image (it needs torch, which the workers' image has) in three ways (docs/torchrun.md):
 
-- `serve PORT RUN_ID MIN DISCOVER`: the launcher. It hosts the TCPStore every agent meets at
-  (`--rdzv-backend=c10d`), so a ScaleIn can never take the rendezvous away with a worker, and
-  it conducts: a worker that leaves on purpose is taken out of the rendezvous at once (its
-  agent held first), the others are told through torch's own "nodes waiting" count so that
-  they restart their workers as a membership change (which does not use up --max-restarts),
-  and a round is closed as soon as it holds as many nodes as the host list (DISCOVER prints
-  it), not after torch's 30 s last call. Its exit is the run's: 0 once every agent passed
-  torch's exit barrier, 1 when the rendezvous closed without it (an agent gave up).
-- `agent TORCHRUN-ARGS`: a worker's torchrun (its own parser, launch and agent), but its
-  worker processes are forked from a process that imported torch once (multiprocessing's
-  forkserver; the script run as `python script.py` runs it): a restart at a membership change
-  then costs no new Python and no torch import, the most of a restart on a busy node. A
-  command that asks for a start method, a module or no Python is torchrun's as it is.
-- `leave`: a worker's preStop. It holds its own agent where it stands (neither failing its
-  workers nor joining another round: HOLD, as the container's first process gets no SIGSTOP
-  sent from inside; torchrun as it is: SIGSTOP), asks the launcher to take it out and waits;
-  the kubelet's SIGTERM then ends the agent. Its lines go to the container's log.
+- `serve PORT RUN_ID MIN DISCOVER [REQUEST]`: the launcher. It hosts the TCPStore every agent
+  meets at, so a ScaleIn never takes the rendezvous away, and it conducts: a worker leaving on
+  purpose is taken out at once (its agent held first) and the others told through torch's own
+  "nodes waiting" count (a membership change: no --max-restarts used); a round closes as soon
+  as it holds as many nodes as the host list (DISCOVER prints it), not after torch's 30 s last
+  call. Once the save handshake's REQUEST is touched the run stops: leaves change nothing.
+  Its exit is the run's: 0 once every agent passed torch's exit barrier, else 1.
+- `agent TORCHRUN-ARGS`: a worker's torchrun (its own parser, launch and agent) whose worker
+  processes fork from a forkserver that imported torch once: a restart then costs no new
+  Python and no torch import. A start method, a module or no Python: torchrun as it is.
+- `leave`: a worker's preStop. It holds its own agent (HOLD: a container's first process gets
+  no SIGSTOP sent from inside; torchrun as it is: SIGSTOP), asks the launcher to take it out
+  and waits; the kubelet's SIGTERM then ends the agent. Its lines go to the container's log.
 
 State edits go through torch's own backend with its compare-and-set token, as its agents' do;
 a lost race is tried again at the next tick."""
@@ -38,12 +34,15 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 TICK = 0.1  # seconds between looks at the rendezvous (torchrun's agents look as often)
 LEAVES = "etoperator/leaves"  # a counter; leave n is at etoperator/leave/<n>
 LEAVE = "etoperator/leave/"
 LEFT = "etoperator/left/"
+STOPPING = "etoperator/stopping"  # set once the run stops: a leave then changes nothing
+STOP_HOLD = 60.0  # seconds a save request holds the run (examples/savepoint.py HOLD_MOST)
 LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before going anyway
 MARKER_ADDR = "etoperator.planned-change"
 HOLD = signal.SIGUSR2  # our agent holds at it (SIGUSR1 is a common preemption signal)
@@ -73,20 +72,13 @@ def drop_nodes(state: Any, addr: str) -> bool:
         state.last_heartbeats.pop(node, None)
         state.wait_list.discard(node)
         state.redundancy_list.discard(node)
-    settings: Any = _Settings(len(state.participants) + 1)
+    # what torch's epilogue reads: min_nodes (a complete round only moves on when empty)
+    settings: Any = SimpleNamespace(min_nodes=len(state.participants) + 1)
     _remove_participant_epilogue(state, settings)
     if was_complete and state.complete and state.participants:
         state.wait_list.add(marker())
         state.last_heartbeats[marker()] = datetime.now(UTC)
     return True
-
-
-class _Settings:
-    """What torch's epilogue reads of the settings: min_nodes (a round already complete is
-    only moved on when empty, so any number serves there)."""
-
-    def __init__(self, min_nodes: int) -> None:
-        self.min_nodes = min_nodes
 
 
 def tidy(
@@ -103,14 +95,8 @@ def tidy(
         changed, out = True, False
     now = datetime.now(UTC)
     count = len(state.participants)
-    if (
-        not out
-        and not state.complete
-        and state.deadline is not None
-        and count >= max(min_nodes, 1)
-        and state.deadline > now
-        and count == hosts()
-    ):
+    forming = not out and not state.complete and state.deadline is not None
+    if forming and count >= max(min_nodes, 1) and state.deadline > now and count == hosts():
         state.deadline = now - timedelta(microseconds=1)
         changed = True
     return changed, out
@@ -124,9 +110,9 @@ def count_hosts(discover: str) -> int:
     return len([line for line in out.splitlines() if line.strip()])
 
 
-def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
-    """DISCOVER "-": the store alone, torch left to its own timeouts (a job that asks for
-    torchrun as it is; the benchmarks' baseline)."""
+def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = "-") -> int:
+    """DISCOVER "-": the store alone, torch's own timeouts (torchrun as it is). REQUEST: the
+    save handshake's file, touched as the run stops; a leave then would restart the others."""
     from torch._C._distributed_c10d import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
@@ -135,10 +121,14 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
     store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False)
     backend = C10dRendezvousBackend(store, run_id)
     print(f"rendezvous {run_id} serving on port {port}", flush=True)
-    seen, marked, said = 0, None, ""
+    seen, marked, said, started, stopping = 0, None, "", time.time(), False
     while True:
         time.sleep(TICK)
-        got = backend.get_state()
+        if stopping != stops(request, started):
+            stopping = not stopping
+            store.set(STOPPING, "1") if stopping else store.delete_key(STOPPING)
+            print(f"the run stops: {stopping} (leaves change nothing then)", flush=True)
+        got = None if stopping else backend.get_state()
         if got is None:
             continue
         state, token = pickle.loads(got[0]), got[1]
@@ -164,6 +154,15 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str) -> int:
             passed = store.check([f"torch.rendezvous.{run_id}.{state.round}/{BARRIER}"])
             print(f"rendezvous closed; exit barrier {'passed' if passed else 'not passed'}")
             return 0 if passed else 1
+
+
+def stops(request: str, started: float) -> bool:
+    """Asked to save since it started; a request no stop followed (a file touched by hand)
+    is over after STOP_HOLD s, as the script's hold is."""
+    with contextlib.suppress(OSError):
+        asked = os.stat(request).st_mtime if request != "-" else 0.0
+        return started < asked > time.time() - STOP_HOLD
+    return False
 
 
 def describe(state: Any) -> str:
@@ -234,8 +233,7 @@ def leave() -> int:
 
 def end_agents(pids: list[int]) -> None:
     """SIGTERM before SIGCONT: an agent wakes to it, not to its round. Never the container's
-    first process: its end would end the container and cut this hook short (the kubelet
-    then reports it failed); the kubelet's SIGTERM ends it once the hook returns."""
+    first process: its end would cut this hook short (the kubelet's SIGTERM ends it after)."""
     for pid in pids:
         os.kill(pid, signal.SIGTERM)
         os.kill(pid, signal.SIGCONT)
@@ -270,26 +268,28 @@ def reachable(host: str, port: int) -> bool:
 
 def ask_to_leave(addr: str) -> str:
     """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
-    host, _, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")
+    host, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")[::2]
     gone = "nothing to leave: the launcher is gone (the whole run stops)"
     if not reachable(host, int(port)):
         return gone
     from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
 
-    if not reachable(host, int(port)):  # it went meanwhile (a whole stop)
-        return gone
     try:  # a launcher that answers slowly on a busy node is no launcher gone
+        if not reachable(host, int(port)):  # it went meanwhile (a whole stop)
+            return gone
         store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
     except RuntimeError:
         if not reachable(host, int(port)):
             return gone
         raise
-    n = store.add(LEAVES, 1)
+    n = store.add(LEAVES, 1)  # not read by a launcher whose run stops
     store.set(f"{LEAVE}{n}", addr)
     deadline = time.monotonic() + LEAVE_WAIT
     while time.monotonic() < deadline:
         if store.check([f"{LEFT}{addr}"]):
             return "taken out"
+        if store.check([STOPPING]):
+            return "nothing to leave: the whole run stops (its save handshake goes on)"
         time.sleep(TICK)
     return "not taken out in time"
 
@@ -384,14 +384,14 @@ def stop(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["serve"] and len(argv) == 5:
+    if argv[:1] == ["serve"] and len(argv) in (5, 6):
         signal.signal(signal.SIGTERM, stop)
-        return serve(int(argv[1]), argv[2], int(argv[3]), argv[4])
+        return serve(int(argv[1]), argv[2], int(argv[3]), *argv[4:])
     if argv == ["leave"]:
         return leave()
     if argv[:1] == ["agent"]:
         return agent(argv[1:])
-    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER | agent ARGS | leave"
+    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST] | agent ARGS | leave"
     print(usage, file=sys.stderr)
     return 2
 

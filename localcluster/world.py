@@ -185,11 +185,24 @@ class World:
                 f"node={p['spec'].get('nodeName')} ip={st.get('podIP')} [{why}]"
             )
         lines.append(f"  hosts: {self.hosts(ns, job)}")
+        lines += self.telling_lines(ns, job)
         evs = sorted(self.api.list("Event", ns), key=lambda e: str(e.get("lastTimestamp") or ""))
         for e in evs[-8:]:
             who = e["involvedObject"].get("name")
             lines.append(f"  event {who} {e.get('type')} {e.get('reason')}: {e.get('message')}")
         return "\n".join(lines)
+
+    TELLING = ("FAILED", "Error", "error", "leave:", "rendezvous closed", "the run stops")
+
+    def telling_lines(self, ns: str, job: str) -> list[str]:
+        """The lines of the job's pods that say why a run ended: torch's agents giving up or
+        restarting for a failure, the leaves, the launcher's end (the last few of each)."""
+        out = []
+        for pod in self.pods(ns, job, live=False):
+            lines = self.pod_log(ns, pod).splitlines()
+            said = [x for x in lines if any(t in x for t in self.TELLING)]
+            out += [f"  log {pod}: {x[:200]}" for x in said[-4:]]
+        return out
 
     def pods(self, ns: str, job: str, role: str | None = None, live: bool = True) -> list[str]:
         labels = {naming.LABEL_JOB: job}

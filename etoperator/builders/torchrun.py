@@ -154,6 +154,8 @@ def launcher_pod(
         "serve", str(spec.elastic.rdzv_port), run_id(spec, run), str(spec.worker.min_replicas),
         "-" if plain(spec) else f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
     ]  # fmt: skip
+    if spec.shared is not None:  # the save handshake's request: the whole run stops
+        argv.append(f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}")
     first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
     first.pop("args", None)
     ports = [

@@ -93,14 +93,15 @@ def world(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[str
     discover.write_text("#!/bin/sh\necho a\necho b\n")
     discover.chmod(0o755)
     argv = [sys.executable, "-u", rendezvous.__file__, "serve", str(port), "r", "1",
-            str(discover)]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-    ]
+            str(discover), str(tmp_path / "save-request")]  # fmt: skip
+    serve = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)  # fmt: skip
+    procs = [serve]
     try:
-        yield port, tmp_path, procs  # type: ignore[misc]
+        # listening before any agent starts: an agent finding the endpoint's port free on
+        # its own host would hold the store itself
+        Stream(serve).wait_for("serving on port")
+        yield port, tmp_path, procs
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -197,5 +198,42 @@ def test_a_leave_when_the_launcher_is_gone_ends_the_agent_at_once_without_a_fail
     said = leaving.wait_for("leave: nothing to leave")
     took = float(leaving.lines[said].rsplit("after ", 1)[1].split()[0])
     assert took < 5, leaving.lines[said]  # torch's client would have retried for 5 s or more
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """A suspension or an eviction: the launcher's save hook asks the training to save, and
+    the workers' leaves come meanwhile. Taken, a leave would restart the others' training
+    mid-save (a membership change); none is, the hook returns without waiting for one, and
+    the leaving node stays in the round the run ends in."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    staying = start_agent(tmp_path, port, "127.0.0.3", first=False)
+    procs += [leaving.proc, staying.proc]
+    leaving.wait_for("worker started")
+    staying.wait_for("worker started")
+    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    (tmp_path / "save-request").touch()  # what the launcher's preStop does first
+    store = TCPStore("127.0.0.1", port, is_master=False)
+    deadline = time.monotonic() + 30
+    while not store.check([rendezvous.STOPPING]):
+        assert time.monotonic() < deadline, "the launcher never saw its run stop"
+        time.sleep(0.05)
+    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}"}  # fmt: skip
+    hook = subprocess.run(
+        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
+        env=hook_env, timeout=60,
+    )  # fmt: skip
+    assert hook.returncode == 0
+    leaving.wait_for("leave: nothing to leave: the whole run stops")
+    got = C10dRendezvousBackend(store, "r").get_state()
+    assert got is not None
+    assert {n.addr for n in pickle.loads(got[0]).participants} == {"127.0.0.2", "127.0.0.3"}
+    assert "worker stopped" not in staying.lines, staying.lines[-10:]
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)

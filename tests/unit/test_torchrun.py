@@ -61,7 +61,8 @@ def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
     service, pod = made
     assert service["kind"] == "Service" and service["metadata"]["name"] == "tr-launcher"
     argv = pod["spec"]["containers"][0]["command"]
-    assert argv[-5:] == ["serve", "29400", "uid-1-0", "1", "/etc/edl/discover_hosts.sh"]
+    assert argv[-6:] == ["serve", "29400", "uid-1-0", "1", "/etc/edl/discover_hosts.sh",
+                         "/checkpoints/.etoperator-save-request"]  # fmt: skip
     assert pod["spec"]["containers"][0]["image"] == "etoperator/train:latest"  # the worker's
     assert pod["metadata"]["annotations"][naming.ANN_RUN] == "0"
     data = runtimes.of(spec).config_data(spec, ["tr-worker-0"])
