@@ -72,6 +72,7 @@ SAVE_REPORT = ".etoperator-saved"
 SAVE_MARKER = ".etoperator-saves"
 SAVE_WAIT = 20  # seconds the launcher's preStop waits for the report (within its grace period)
 RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host and its workers' leave
+AGENT_KEY = "torchagent.py"  # a Torchrun job's workers' agent (torchrun, forked workers)
 
 SSH_PORT = 22
 SERVICE_PORTS = (22, 9009)

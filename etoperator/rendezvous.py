@@ -1,7 +1,7 @@
 """The rendezvous of a torchrun job: torch's c10d store, held by the job's launcher pod.
 
 Not imported by the operator: its source is shipped in the job's ConfigMap and run with the
-job's own image (it needs torch, which the workers' image has) in three ways (docs/torchrun.md):
+job's own image (it needs torch, which the workers' image has) in two ways (docs/torchrun.md):
 
 - `serve PORT RUN_ID MIN DISCOVER [REQUEST]`: the launcher. It hosts the TCPStore every agent
   meets at, so a ScaleIn never takes the rendezvous away, and it conducts: a worker leaving on
@@ -10,12 +10,10 @@ job's own image (it needs torch, which the workers' image has) in three ways (do
   as it holds as many nodes as the host list (DISCOVER prints it), not after torch's 30 s last
   call. Once the save handshake's REQUEST is touched the run stops: leaves change nothing.
   Its exit is the run's: 0 once every agent passed torch's exit barrier, else 1.
-- `agent TORCHRUN-ARGS`: a worker's torchrun (its own parser, launch and agent) whose worker
-  processes fork from a forkserver that imported torch once: a restart then costs no new
-  Python and no torch import. A start method, a module or no Python: torchrun as it is.
-- `leave`: a worker's preStop. It holds its own agent (HOLD: a container's first process gets
-  no SIGSTOP sent from inside; torchrun as it is: SIGSTOP), asks the launcher to take it out
-  and waits; the kubelet's SIGTERM then ends the agent. Its lines go to the container's log.
+- `leave [REQUEST]`: a worker's preStop. It holds its own agent (torchagent.py: HOLD;
+  torchrun as it is: SIGSTOP), asks the launcher to take it out and waits; the kubelet's
+  SIGTERM then ends the agent. A save REQUEST newer than the agent: the whole run stops, and
+  there is nothing to leave. Its lines go to the container's log.
 
 State edits go through torch's own backend with its compare-and-set token, as its agents' do;
 a lost race is tried again at the next tick."""
@@ -45,7 +43,8 @@ STOPPING = "etoperator/stopping"  # set once the run stops: a leave then changes
 STOP_HOLD = 60.0  # seconds a save request holds the run (examples/savepoint.py HOLD_MOST)
 LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before going anyway
 MARKER_ADDR = "etoperator.planned-change"
-HOLD = signal.SIGUSR2  # our agent holds at it (SIGUSR1 is a common preemption signal)
+HOLD = signal.SIGUSR2  # our agent holds at it (torchagent.HOLD)
+AGENT = "torchagent.py"  # our agent, beside this file
 BARRIER = "torchelastic/agent/terminal_state/last_member"  # torch's exit barrier, once passed
 
 
@@ -178,7 +177,7 @@ def agents(addr: str) -> tuple[list[int], list[int]]:
     it is. In a worker's container, its one agent."""
     ours, theirs = list[int](), list[int]()
     mine = f"PET_LOCAL_ADDR={addr}".encode()
-    our_argv = [os.path.abspath(__file__).encode(), b"agent"]  # after the interpreter's
+    our_argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), AGENT).encode()]
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -194,7 +193,7 @@ def agents(addr: str) -> tuple[list[int], list[int]]:
         args = argv[1:]
         while args and args[0].startswith(b"-"):  # the interpreter's options (-u)
             args = args[1:]
-        if args[:2] == our_argv:
+        if args[:1] == our_argv:
             ours.append(int(entry))
         elif any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3]):
             theirs.append(int(entry))
@@ -210,7 +209,7 @@ def say(line: str) -> None:
         print(line, flush=True)
 
 
-def leave() -> int:
+def leave(request: str = "-") -> int:
     addr = os.environ["PET_LOCAL_ADDR"]
     ours, theirs = agents(addr)
     for pid in ours:
@@ -219,8 +218,9 @@ def leave() -> int:
         os.kill(pid, signal.SIGSTOP)
     say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
     start = time.monotonic()
-    try:
-        said = bounded(partial(ask_to_leave, addr), LEAVE_WAIT + 10)
+    begun = min(map(started, ours + theirs), default=time.time())
+    try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
+        said = bounded(partial(ask_to_leave, addr), LEAVE_WAIT + 10, partial(stops, request, begun))
         say(f"leave: {said} after {time.monotonic() - start:.1f} s")
     except Exception as failed:  # the launcher not answering: the agent still ends
         say(f"leave: the launcher did not answer ({type(failed).__name__}: {failed})")
@@ -239,9 +239,20 @@ def end_agents(pids: list[int]) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
-def bounded(ask: Callable[[], str], seconds: float) -> str:
+def started(pid: int) -> float:
+    """When process `pid` started (seconds since the epoch), from its start tick and the
+    uptime (to 10 ms; /proc/stat's boot time is whole seconds)."""
+    with open(f"/proc/{pid}/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def bounded(ask: Callable[[], str], seconds: float, over: Callable[[], bool] = bool) -> str:
     """`ask()` in a thread given `seconds` (torch's client may wait on a launcher that took
-    the connection and hangs for longer than its own timeout): its answer, or it raises."""
+    the connection and hangs for longer than its own timeout): its answer, or it raises;
+    once `over()`, that the whole run stops."""
     got: list[str | Exception] = []
 
     def run() -> None:
@@ -252,7 +263,11 @@ def bounded(ask: Callable[[], str], seconds: float) -> str:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    thread.join(seconds)
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline and not over():
+        thread.join(TICK)
+    if not got and over():
+        return "nothing to leave: the whole run stops (its save request is there)"
     if not got:
         raise TimeoutError(f"no answer within {seconds:.0f} s")
     if isinstance(got[0], Exception):
@@ -294,89 +309,6 @@ def ask_to_leave(addr: str) -> str:
     return "not taken out in time"
 
 
-def hold(_signum: int, _frame: object) -> None:
-    """The leave's hold: the main thread parked until SIGTERM raises out (heartbeats go on)."""
-    while True:
-        time.sleep(3600)
-
-
-def ended(signum: int, _frame: object) -> None:
-    """SIGTERM before torch's agent set its own handler (it does once workers start): as its
-    container's first process the agent would ignore it and hold its pod to the SIGKILL."""
-    try:
-        from torch.distributed.elastic.multiprocessing import SignalException
-    except ImportError:  # torch still loading
-        raise SystemExit(128 + signum) from None
-    raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
-
-
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy")
-AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--no-python",
-            "--no_python", "-m", "--module")  # fmt: skip
-
-
-def agent(argv: list[str]) -> int:
-    signal.signal(HOLD, hold)  # first: a leave may come while torch loads
-    signal.signal(signal.SIGTERM, ended)
-    from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    args = run.get_args_parser().parse_args(argv)
-    options = argv[: len(argv) - len(args.training_script_args)]
-    forked = not any(o.split("=", 1)[0] in AS_IT_IS for o in options)
-    if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
-        fork_workers(args)
-    record(run.run)(args)
-    return 0
-
-
-def fork_workers(args: Any) -> None:
-    """Workers forked from a forkserver that imported torch, each running the script."""
-    import multiprocessing
-    import multiprocessing.forkserver
-
-    from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing import api
-
-    args.run_path, args.start_method = True, "forkserver"
-    run.run_script_path = run_script  # what torchrun runs for --run-path
-    if (
-        "OMP_NUM_THREADS" not in os.environ
-        and run.determine_local_world_size(args.nproc_per_node) > 1
-    ):  # as torchrun sets it, but before torch is loaded where the workers fork from
-        os.environ["OMP_NUM_THREADS"] = "1"
-    close = api.MultiprocessContext._close
-
-    def closing(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
-        # A worker that answers the stop's SIGTERM with sys.exit(0) returns, and torch's
-        # worker then waits for its value to be read, which a stop never does: 30 s, SIGKILL.
-        self._worker_finished_event.set()
-        close(self, death_sig, timeout)
-
-    api.MultiprocessContext._close = closing  # type: ignore[method-assign]
-    multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
-    multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
-
-
-def run_script(training_script: str, *training_script_args: str) -> None:
-    """A worker process: the script as `python -u path args` runs it. Its sys.exit(0) is a
-    return (torch's agent waits for the function's return value)."""
-    import io
-    import runpy
-
-    path = training_script
-    sys.argv = [path, *training_script_args]
-    sys.path[0] = os.path.dirname(os.path.abspath(path))
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper):
-            stream.reconfigure(write_through=True)
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except SystemExit as end:
-        if end.code not in (None, 0):
-            raise
-
-
 def stop(signum: int, _frame: object) -> None:
     """As a container's first process the server gets no default action for SIGTERM: without
     this it would hold its pod for the whole grace period (30 s of every suspend)."""
@@ -387,11 +319,9 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) in (5, 6):
         signal.signal(signal.SIGTERM, stop)
         return serve(int(argv[1]), argv[2], int(argv[3]), *argv[4:])
-    if argv == ["leave"]:
-        return leave()
-    if argv[:1] == ["agent"]:
-        return agent(argv[1:])
-    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST] | agent ARGS | leave"
+    if argv[:1] == ["leave"] and len(argv) <= 2:
+        return leave(*argv[1:])
+    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST] | leave [REQUEST]"
     print(usage, file=sys.stderr)
     return 2
 

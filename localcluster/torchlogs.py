@@ -11,6 +11,7 @@ from localcluster.world import World, wait_for
 
 SAMPLE = 0.3  # seconds between reads of the workers' logs
 TAIL = 4000  # characters of each worker's log kept for a failure's report
+NOISE = ("frame #", "Exception raised from")  # torch's C++ stack traces
 START = re.compile(r"START size=(\d+) restarts=(\d+)")
 STEP = re.compile(r"STEP (\d+) size=(\d+) loss=[\d.]+ first=(\d+) t=([\d.]+)")
 ENDS = re.compile(r"^(?:EPOCH|DONE) .*$", re.M)  # examples/torchrun/digits.py's
@@ -42,6 +43,7 @@ class Logbook:
         self.steps: set[tuple[int, int, int, float]] = set()
         self.ends: set[str] = set()
         self.tails: dict[str, str] = {}  # each worker's last words, kept when its pod goes
+        self.told: dict[str, list[str]] = {}  # each worker's telling lines (World.TELLING)
         self.lock = threading.Lock()
         self.reads, self.failed = 0, ""
         self.done = threading.Event()
@@ -64,7 +66,10 @@ class Logbook:
         # A deleted worker prints on while its preStop takes it out of the rendezvous.
         for pod in self.cluster.pods(self.ns, self.job, "worker", live=False):
             text = self.cluster.pod_log(self.ns, pod)
-            self.tails[pod] = text[-TAIL:] if text else self.tails.get(pod, "")
+            lines = [x for x in text.splitlines() if not x.startswith(NOISE)]
+            self.tails[pod] = "\n".join(lines)[-TAIL:] if text else self.tails.get(pod, "")
+            told = [x for x in lines if any(t in x for t in World.TELLING)]
+            self.told[pod] = told if len(told) >= len(self.told.get(pod, [])) else self.told[pod]
             found = START.findall(text)
             self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
             self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
@@ -76,7 +81,9 @@ class Logbook:
         """Every worker's last lines as last read, the deleted ones' too: what a failed test
         shows (a worker that stalled a round may be gone by the time it fails)."""
         with self.lock:
-            return "".join(f"--- {pod} ---\n{text}\n" for pod, text in sorted(self.tails.items()))
+            tails = "".join(f"--- {pod} ---\n{text}\n" for pod, text in sorted(self.tails.items()))
+            told = "".join(f"  {pod}: {x}\n" for pod, xs in sorted(self.told.items()) for x in xs)
+            return f"{tails}--- what the workers' agents and leaves said ---\n{told}"
 
     def epochs(self) -> str:
         """The digits script's EPOCH lines in their order, then its DONE line."""

@@ -70,7 +70,15 @@ def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
     return env
 
 
-CONFIG_KEYS = (naming.RENDEZVOUS_KEY, naming.DISCOVER_KEY, naming.HOSTFILE_KEY)
+CONFIG_KEYS = (naming.RENDEZVOUS_KEY, naming.AGENT_KEY, naming.DISCOVER_KEY, naming.HOSTFILE_KEY)
+
+
+def save_request(spec: JobSpec) -> str:
+    """The save handshake's request, quoted, after a space: the launcher touches it as the
+    whole run stops (its preStop); none without a shared volume."""
+    if spec.shared is None:
+        return ""
+    return " " + shlex.quote(f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}")
 
 
 def _mounted(template: dict[str, Any], job: str) -> dict[str, Any]:
@@ -107,13 +115,13 @@ def wait_for_rendezvous(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
 
 
 def forked_agent(container: dict[str, Any]) -> None:
-    """A command that starts with torchrun runs it through the rendezvous script's `agent`:
+    """A command that starts with torchrun runs it through our agent (torchagent.py):
     the same torchrun, its worker processes forked with torch imported (each membership
     change restarts them all). An image's own entrypoint is left as it is (not seen here)."""
     command = [str(a) for a in container.get("command") or []]
     if not command or os.path.basename(command[0]) != "torchrun":
         return
-    run = f'exec {PYTHON} {SCRIPT} agent "$@"'
+    run = f'exec {PYTHON} {naming.CONFIG_MOUNT}/{naming.AGENT_KEY} "$@"'
     container["command"] = ["sh", "-c", run, "torchrun", *command[1:]]  # then the args
 
 
@@ -126,7 +134,7 @@ def worker_pod(
     ours = agent_env(spec, run)
     names = {e["name"] for e in ours}
     first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in names), *ours]
-    leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave"]}}
+    leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave{save_request(spec)}"]}}
     if not plain(spec):
         first.setdefault("lifecycle", {}).setdefault("preStop", leave)
         forked_agent(first)
@@ -154,7 +162,7 @@ def launcher_pod(
         "serve", str(spec.elastic.rdzv_port), run_id(spec, run), str(spec.worker.min_replicas),
         "-" if plain(spec) else f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
     ]  # fmt: skip
-    if spec.shared is not None:  # the save handshake's request: the whole run stops
+    if spec.shared is not None and not plain(spec):  # the save handshake's request
         argv.append(f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}")
     first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
     first.pop("args", None)

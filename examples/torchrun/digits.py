@@ -175,11 +175,11 @@ class Run:
         for group in s.opt.param_groups:
             group["lr"] = learning_rate(args.lr, self.world, s.epoch, args.epochs)
         order_ = order(s.epoch, len(self.train))
-        steps = 0
         while s.position < len(order_):
             self.step(order_)
-            steps += 1
-            if self.rank == 0 and steps % args.save_every == 0:
+            # by the step's number, not this epoch's count: a count restarted at each epoch
+            # and each resume left up to twice --save-every steps unsaved
+            if self.rank == 0 and s.step % args.save_every == 0:
                 s.save(args.checkpoints)
             if self.rank == 0 and self.requests.asked():  # the run stops: save, go no further
                 self.save()

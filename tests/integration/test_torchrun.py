@@ -26,7 +26,7 @@ from localcluster.queues import (
     make_queue,
     queued_job,
 )
-from localcluster.torchlogs import Logbook, Seen
+from localcluster.torchlogs import NOISE, Logbook, Seen
 from tests.harness import Cluster, wait_for
 from tests.support import samples
 
@@ -49,7 +49,13 @@ def training(
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(save_every)]
     cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
     book = Logbook(cluster, ns, "tr")
-    request.addfinalizer(book.done.set)
+
+    def done() -> None:
+        book.done.set()
+        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+            print(book.said())
+
+    request.addfinalizer(done)
     book.wait_at(2, 0, 180)
     return book
 
@@ -60,7 +66,8 @@ def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[
     yield
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         for pod in cluster.pods(ns, "tr", live=False):
-            print(f"--- {pod} ---\n{cluster.pod_log(ns, pod)[-4000:]}")
+            lines = [x for x in cluster.pod_log(ns, pod).splitlines() if not x.startswith(NOISE)]
+            print(f"--- {pod} ---\n" + "\n".join(lines[-40:]))
 
 
 def test_the_demo_s_torchrun_tour_trains_every_sample_and_matches_a_static_run(

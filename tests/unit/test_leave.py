@@ -22,7 +22,7 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
-from etoperator import rendezvous
+from etoperator import rendezvous, torchagent
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("unshare") or not shutil.which("nsenter") or os.geteuid() != 0,
@@ -72,7 +72,7 @@ class Stream:
 def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
-    argv = [sys.executable, "-u", rendezvous.__file__, "agent", "--nnodes=1:3",
+    argv = [sys.executable, "-u", torchagent.__file__, "--nnodes=1:3",
             "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             "--rdzv-id=r", "--monitor-interval=0.1", str(script)]  # fmt: skip
     if first:  # unshare forks the agent as PID 1 of a new PID namespace, as a container's
@@ -235,5 +235,40 @@ def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
     assert got is not None
     assert {n.addr for n in pickle.loads(got[0]).participants} == {"127.0.0.2", "127.0.0.3"}
     assert "worker stopped" not in staying.lines, staying.lines[-10:]
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_that_sees_its_run_s_save_request_ends_though_the_launcher_hangs(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """The workers' hooks race the launcher's in a whole stop; a launcher going away under a
+    leave's connection could hold the hook past torch's client timeouts (the pods outlived
+    the test's 15 s). The save request on the shared volume, newer than the agent, says the
+    run stops: the hook returns then, without the launcher. An older request (an earlier
+    run's) does not."""
+    port, tmp_path, procs = world
+    request = tmp_path / "volume-request"
+    request.touch()  # an earlier run's stop: before this agent started
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    procs.append(leaving.proc)
+    leaving.wait_for("worker started", within=120)
+    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    silent = socket.socket()  # a launcher that takes the connection and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
+                "PET_RDZV_ENDPOINT": f"127.0.0.1:{silent.getsockname()[1]}"}  # fmt: skip
+    argv = [sys.executable, rendezvous.__file__, "leave", str(request)]
+    hook = subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=hook_env)
+    procs.append(hook)  # type: ignore[arg-type]
+    held = leaving.wait_for("leave: holding")
+    with pytest.raises(subprocess.TimeoutExpired):  # the earlier request ends nothing
+        hook.wait(timeout=3)
+    os.utime(request)  # the launcher's preStop, now
+    assert hook.wait(timeout=30) == 0
+    leaving.wait_for("leave: nothing to leave: the whole run stops", after=held)
+    silent.close()
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from etoperator import naming, rendezvous
+from etoperator import naming, rendezvous, torchagent
 from etoperator.api.fields import InvalidSpec
 from etoperator.api.models import parse_job
 from etoperator.builders import runtimes
@@ -46,9 +46,11 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
     assert env["CHECKPOINT_DIR"] == "/checkpoints"  # the user's own stays
     first = pod["spec"]["containers"][0]
     # torchrun's own arguments, run by the rendezvous script's agent (workers forked warm)
-    assert first["command"][:2] == ["sh", "-c"] and "rendezvous.py agent" in first["command"][2]
+    assert first["command"][:2] == ["sh", "-c"] and "/etc/edl/torchagent.py" in first["command"][2]
     assert first["command"][3] == "torchrun"
-    assert "leave" in first["lifecycle"]["preStop"]["exec"]["command"][-1]
+    leave = first["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert leave.endswith("rendezvous.py leave /checkpoints/.etoperator-save-request")
+    assert rendezvous.HOLD == torchagent.HOLD  # what the leave sends is what the agent holds at
     assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
     claim = {"claimName": "tr-shared"}
@@ -208,7 +210,7 @@ def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, 
     (tmp_path / "helper.py").write_text("WORD = 'found'\n")
     out = tmp_path / "out"
     out.mkdir()
-    argv = [sys.executable, rendezvous.__file__, "agent", "--standalone", "--nproc-per-node=2",
+    argv = [sys.executable, torchagent.__file__, "--standalone", "--nproc-per-node=2",
             *options, str(tmp_path / "script.py"), str(out), str(code), "x y"]  # fmt: skip
     ours = ("PET_", "OMP_NUM_THREADS")  # torchrun's flags, and what it sets for 2 processes
     env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}

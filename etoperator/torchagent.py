@@ -1,0 +1,108 @@
+"""A torchrun job's worker: torchrun's own parser, launch and agent, run from the job's
+ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differences:
+
+- its worker processes fork from a forkserver that imported torch once (the script run as
+  `python script.py` runs it): a restart at a membership change then costs no new Python and
+  no torch import, the most of a restart on a busy node. A start method, a module or no
+  Python asked for: torchrun as it is;
+- it holds where it stands at HOLD, which the worker's leave (rendezvous.py) sends: as its
+  container's first process it gets no SIGSTOP sent from inside. docs/torchrun.md.
+
+Not imported by the operator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+HOLD = signal.SIGUSR2  # SIGUSR1 is a common preemption signal
+
+
+def hold(_signum: int, _frame: object) -> None:
+    """The leave's hold: the main thread parked until SIGTERM raises out (heartbeats go on)."""
+    while True:
+        time.sleep(3600)
+
+
+def ended(signum: int, _frame: object) -> None:
+    """SIGTERM before torch's agent set its own handler (it does once workers start): as its
+    container's first process the agent would ignore it and hold its pod to the SIGKILL."""
+    try:
+        from torch.distributed.elastic.multiprocessing import SignalException
+    except ImportError:  # torch still loading
+        raise SystemExit(128 + signum) from None
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
+
+
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy")
+AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--no-python",
+            "--no_python", "-m", "--module")  # fmt: skip
+
+
+def agent(argv: list[str]) -> int:
+    signal.signal(HOLD, hold)  # first: a leave may come while torch loads
+    signal.signal(signal.SIGTERM, ended)
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    args = run.get_args_parser().parse_args(argv)
+    options = argv[: len(argv) - len(args.training_script_args)]
+    forked = not any(o.split("=", 1)[0] in AS_IT_IS for o in options)
+    if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
+        fork_workers(args)
+    record(run.run)(args)
+    return 0
+
+
+def fork_workers(args: Any) -> None:
+    """Workers forked from a forkserver that imported torch, each running the script."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing import api
+
+    args.run_path, args.start_method = True, "forkserver"
+    run.run_script_path = run_script  # what torchrun runs for --run-path
+    if (
+        "OMP_NUM_THREADS" not in os.environ
+        and run.determine_local_world_size(args.nproc_per_node) > 1
+    ):  # as torchrun sets it, but before torch is loaded where the workers fork from
+        os.environ["OMP_NUM_THREADS"] = "1"
+    close = api.MultiprocessContext._close
+
+    def closing(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
+        # A worker that answers the stop's SIGTERM with sys.exit(0) returns, and torch's
+        # worker then waits for its value to be read, which a stop never does: 30 s, SIGKILL.
+        self._worker_finished_event.set()
+        close(self, death_sig, timeout)
+
+    api.MultiprocessContext._close = closing  # type: ignore[method-assign]
+    multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
+    multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
+
+
+def run_script(training_script: str, *training_script_args: str) -> None:
+    """A worker process: the script as `python -u path args` runs it. Its sys.exit(0) is a
+    return (torch's agent waits for the function's return value)."""
+    import io
+    import runpy
+
+    path = training_script
+    sys.argv = [path, *training_script_args]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(write_through=True)
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as end:
+        if end.code not in (None, 0):
+            raise
+
+
+if __name__ == "__main__":
+    sys.exit(agent(sys.argv[1:]))
