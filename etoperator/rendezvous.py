@@ -21,6 +21,7 @@ a lost race is tried again at the next tick."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import signal
@@ -275,28 +276,33 @@ def bounded(ask: Callable[[], str], seconds: float, over: Callable[[], bool] = b
     return got[0]
 
 
-def reachable(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
+def gone(host: str, port: int) -> bool:
+    """Nothing listens where the launcher was: refused (the pod ends, or the Service has no
+    endpoint left) or no such host (the address of a pod deleted). A connection not answered
+    yet or a name not resolved yet is a slow launcher on a busy node, never one gone."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return False
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
-    return False
+    except OSError as failed:
+        return failed.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
 def ask_to_leave(addr: str) -> str:
     """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
     host, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")[::2]
-    gone = "nothing to leave: the launcher is gone (the whole run stops)"
-    if not reachable(host, int(port)):
-        return gone
+    went = "nothing to leave: the launcher is gone (the whole run stops)"
+    if gone(host, int(port)):
+        return went
     from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
 
-    try:  # a launcher that answers slowly on a busy node is no launcher gone
-        if not reachable(host, int(port)):  # it went meanwhile (a whole stop)
-            return gone
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
-    except RuntimeError:
-        if not reachable(host, int(port)):
-            return gone
-        raise
+    while True:  # bounded by the caller
+        if gone(host, int(port)):  # it went meanwhile (a whole stop)
+            return went
+        with contextlib.suppress(RuntimeError):  # slow to answer: asked again
+            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+            break
     n = store.add(LEAVES, 1)  # not read by a launcher whose run stops
     store.set(f"{LEAVE}{n}", addr)
     deadline = time.monotonic() + LEAVE_WAIT

@@ -48,7 +48,14 @@ def training(
     """Job `tr` of 2 workers (1 to 4) training on; its rank 0's lines read all along."""
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(save_every)]
     cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
-    book = Logbook(cluster, ns, "tr")
+    book = reported(Logbook(cluster, ns, "tr"), request)
+    book.wait_at(2, 0, 180)
+    return book
+
+
+def reported(book: Logbook, request: pytest.FixtureRequest) -> Logbook:
+    """`book`, read until the test ends; a failed test prints what the workers said (the
+    leaving ones' too, gone with their pods)."""
 
     def done() -> None:
         book.done.set()
@@ -56,7 +63,6 @@ def training(
             print(book.said())
 
     request.addfinalizer(done)
-    book.wait_at(2, 0, 180)
     return book
 
 
@@ -211,8 +217,7 @@ def test_a_queued_torchrun_job_grows_through_a_slice_and_shrinks_when_preempted(
     worker["resources"] = {"requests": {"cpu": f"{MILLICPU}m"}}
     with QuotaWatch(cluster, ns, cq):
         cluster.create(body, ns)
-        book = Logbook(cluster, ns, "tr")
-        request.addfinalizer(book.done.set)
+        book = reported(Logbook(cluster, ns, "tr"), request)
         book.wait_at(2, 0, 180)
         since = time.time()
         cluster.create(scaleout("out", "tr", 1, timeout=120), ns)

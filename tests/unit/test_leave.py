@@ -272,3 +272,29 @@ def test_a_leave_that_sees_its_run_s_save_request_ends_though_the_launcher_hangs
     silent.close()
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)
+
+
+def test_a_launcher_not_answering_yet_is_not_taken_for_gone(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """On a busy node a launcher's name may not resolve or its connection not be answered
+    within a probe's seconds: taken for gone, the leave returned at once, the agent ended
+    outside the rendezvous and its peers' training failed, a restart used (the queued
+    Torchrun test's preemption in CI). Only a refusal or a host that is no more is gone."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    procs.append(leaving.proc)
+    leaving.wait_for("worker started", within=120)
+    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
+                "PET_RDZV_ENDPOINT": f"launcher.not-resolved-yet.invalid:{port}"}  # fmt: skip
+    argv = [sys.executable, rendezvous.__file__, "leave"]
+    hook = subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=hook_env)
+    procs.append(hook)  # type: ignore[arg-type]
+    held = leaving.wait_for("leave: holding")
+    assert hook.wait(timeout=60) == 1  # asked until its bound, then said so
+    said = leaving.wait_for("leave: the launcher did not answer", after=held)
+    assert not [x for x in leaving.lines[held:said] if "nothing to leave" in x]
+    os.kill(int(pid1), signal.SIGTERM)
+    leaving.proc.wait(timeout=15)
