@@ -86,6 +86,32 @@ def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
     return Stream(proc)
 
 
+def first_process(agent: Stream) -> str:
+    """The agent's pid as its PID namespace's first process (unshare's child)."""
+    out = subprocess.run(["pgrep", "-P", str(agent.proc.pid)], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    return out.split()[0]
+
+
+def hook(pid1: str, endpoint: str, *args: str) -> subprocess.Popen[bytes]:
+    """The leave, run inside the agent's container (its PID and mount namespaces) as the
+    kubelet runs a preStop hook; the launcher at `endpoint`."""
+    env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2", "PET_RDZV_ENDPOINT": endpoint}
+    argv = [sys.executable, rendezvous.__file__, "leave", *args]
+    return subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=env)
+
+
+def two_agents(world: tuple[int, Path, list[subprocess.Popen[str]]]) -> tuple[Stream, Stream]:
+    """A leaving agent (its container's first process) and a staying one, both training."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    staying = start_agent(tmp_path, port, "127.0.0.3", first=False)
+    procs += [leaving.proc, staying.proc]
+    leaving.wait_for("worker started")
+    staying.wait_for("worker started")
+    return leaving, staying
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[str]]]]:
     port = free_port()
@@ -143,30 +169,20 @@ def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     agent neither restarts its worker for a membership change nor joins another round; once
     the hook ends it, it ends at once."""
     port, tmp_path, procs = world
-    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
-    staying = start_agent(tmp_path, port, "127.0.0.3", first=False)
-    procs += [leaving.proc, staying.proc]
-    leaving.wait_for("worker started")
-    staying.wait_for("worker started")
-    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    leaving, staying = two_agents(world)
+    pid1 = first_process(leaving)
     silent = socket.socket()  # a launcher that takes the connection and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"127.0.0.1:{silent.getsockname()[1]}"}  # fmt: skip
-    hook = subprocess.Popen(
-        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
-        env=hook_env,
-    )  # the kubelet runs a preStop hook inside the container
-    procs.append(hook)  # type: ignore[arg-type]
+    leave = hook(pid1, f"127.0.0.1:{silent.getsockname()[1]}")
+    procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
     a_node_waits(port)
     staying.wait_for("worker stopped")  # a membership change, as the staying agent saw it
     wait_rejoined(port, "127.0.0.3")  # by then a leaving agent not held would have moved too
-    assert hook.poll() is None, "the hook ended before the change reached the agents"
+    assert leave.poll() is None, "the hook ended before the change reached the agents"
     silent.close()  # the launcher gone at last
-    hook.wait(timeout=60)
+    leave.wait(timeout=60)
     ended = leaving.wait_for("leave: done", after=held)
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     restarted = [line for line in leaving.lines[held:ended] if line.startswith("worker")]
@@ -186,15 +202,8 @@ def test_a_leave_when_the_launcher_is_gone_ends_the_agent_at_once_without_a_fail
     leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
-    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
-    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}"}  # fmt: skip
-    hook = subprocess.run(
-        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
-        env=hook_env, timeout=30,
-    )  # fmt: skip
-    assert hook.returncode == 0
+    pid1 = first_process(leaving)
+    assert hook(pid1, f"127.0.0.1:{free_port()}").wait(timeout=30) == 0
     said = leaving.wait_for("leave: nothing to leave")
     took = float(leaving.lines[said].rsplit("after ", 1)[1].split()[0])
     assert took < 5, leaving.lines[said]  # torch's client would have retried for 5 s or more
@@ -210,26 +219,15 @@ def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
     mid-save (a membership change); none is, the hook returns without waiting for one, and
     the leaving node stays in the round the run ends in."""
     port, tmp_path, procs = world
-    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
-    staying = start_agent(tmp_path, port, "127.0.0.3", first=False)
-    procs += [leaving.proc, staying.proc]
-    leaving.wait_for("worker started")
-    staying.wait_for("worker started")
-    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    leaving, staying = two_agents(world)
+    pid1 = first_process(leaving)
     (tmp_path / "save-request").touch()  # what the launcher's preStop does first
     store = TCPStore("127.0.0.1", port, is_master=False)
     deadline = time.monotonic() + 30
     while not store.check([rendezvous.STOPPING]):
         assert time.monotonic() < deadline, "the launcher never saw its run stop"
         time.sleep(0.05)
-    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}"}  # fmt: skip
-    hook = subprocess.run(
-        ["nsenter", "-t", pid1, "-p", "-m", sys.executable, rendezvous.__file__, "leave"],
-        env=hook_env, timeout=60,
-    )  # fmt: skip
-    assert hook.returncode == 0
+    assert hook(pid1, f"127.0.0.1:{port}").wait(timeout=60) == 0
     leaving.wait_for("leave: nothing to leave: the whole run stops")
     got = C10dRendezvousBackend(store, "r").get_state()
     assert got is not None
@@ -253,21 +251,17 @@ def test_a_leave_that_sees_its_run_s_save_request_ends_though_the_launcher_hangs
     leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
-    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
+    pid1 = first_process(leaving)
     silent = socket.socket()  # a launcher that takes the connection and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"127.0.0.1:{silent.getsockname()[1]}"}  # fmt: skip
-    argv = [sys.executable, rendezvous.__file__, "leave", str(request)]
-    hook = subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=hook_env)
-    procs.append(hook)  # type: ignore[arg-type]
+    leave = hook(pid1, f"127.0.0.1:{silent.getsockname()[1]}", str(request))
+    procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
     with pytest.raises(subprocess.TimeoutExpired):  # the earlier request ends nothing
-        hook.wait(timeout=3)
+        leave.wait(timeout=3)
     os.utime(request)  # the launcher's preStop, now
-    assert hook.wait(timeout=30) == 0
+    assert leave.wait(timeout=30) == 0
     leaving.wait_for("leave: nothing to leave: the whole run stops", after=held)
     silent.close()
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
@@ -285,15 +279,11 @@ def test_a_launcher_not_answering_yet_is_not_taken_for_gone(
     leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
-    pid1 = subprocess.run(["pgrep", "-P", str(leaving.proc.pid)], capture_output=True,
-                          text=True, check=True).stdout.split()[0]  # fmt: skip
-    hook_env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2",
-                "PET_RDZV_ENDPOINT": f"launcher.not-resolved-yet.invalid:{port}"}  # fmt: skip
-    argv = [sys.executable, rendezvous.__file__, "leave"]
-    hook = subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=hook_env)
-    procs.append(hook)  # type: ignore[arg-type]
+    pid1 = first_process(leaving)
+    leave = hook(pid1, f"launcher.not-resolved-yet.invalid:{port}")
+    procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
-    assert hook.wait(timeout=60) == 1  # asked until its bound, then said so
+    assert leave.wait(timeout=60) == 1  # asked until its bound, then said so
     said = leaving.wait_for("leave: the launcher did not answer", after=held)
     assert not [x for x in leaving.lines[held:said] if "nothing to leave" in x]
     os.kill(int(pid1), signal.SIGTERM)
