@@ -242,9 +242,12 @@ def end_agents(pids: list[int]) -> None:
 
 def started(pid: int) -> float:
     """When process `pid` started (seconds since the epoch), from its start tick and the
-    uptime (to 10 ms; /proc/stat's boot time is whole seconds)."""
-    with open(f"/proc/{pid}/stat") as f:
-        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    uptime (to 10 ms; /proc/stat's boot time is whole seconds); now if it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except OSError:
+        return time.time()
     with open("/proc/uptime") as f:
         up = float(f.read().split()[0])
     return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
