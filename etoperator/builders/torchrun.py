@@ -73,12 +73,10 @@ def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
 CONFIG_KEYS = (naming.RENDEZVOUS_KEY, naming.AGENT_KEY, naming.DISCOVER_KEY, naming.HOSTFILE_KEY)
 
 
-def save_request(spec: JobSpec) -> str:
-    """The save handshake's request, quoted, after a space: the launcher touches it as the
-    whole run stops (its preStop); none without a shared volume."""
-    if spec.shared is None:
-        return ""
-    return " " + shlex.quote(f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}")
+def save_request(spec: JobSpec) -> str | None:
+    """The save handshake's request: the launcher touches it as the whole run stops (its
+    preStop); none without a shared volume."""
+    return None if spec.shared is None else f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}"
 
 
 def _mounted(template: dict[str, Any], job: str) -> dict[str, Any]:
@@ -134,7 +132,9 @@ def worker_pod(
     ours = agent_env(spec, run)
     names = {e["name"] for e in ours}
     first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in names), *ours]
-    leave = {"exec": {"command": ["sh", "-c", f"exec {PYTHON} {SCRIPT} leave{save_request(spec)}"]}}
+    request = save_request(spec)
+    leave_argv = f"exec {PYTHON} {SCRIPT} leave" + (f" {shlex.quote(request)}" if request else "")
+    leave = {"exec": {"command": ["sh", "-c", leave_argv]}}
     if not plain(spec):
         first.setdefault("lifecycle", {}).setdefault("preStop", leave)
         forked_agent(first)
@@ -162,8 +162,9 @@ def launcher_pod(
         "serve", str(spec.elastic.rdzv_port), run_id(spec, run), str(spec.worker.min_replicas),
         "-" if plain(spec) else f"{naming.CONFIG_MOUNT}/{naming.DISCOVER_KEY}",
     ]  # fmt: skip
-    if spec.shared is not None and not plain(spec):  # the save handshake's request
-        argv.append(f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}")
+    request = save_request(spec)
+    if request is not None and not plain(spec):
+        argv.append(request)
     first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
     first.pop("args", None)
     ports = [
