@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -211,8 +212,9 @@ def say(line: str) -> None:
 
 
 def leave(request: str = "-") -> int:
-    addr = os.environ["PET_LOCAL_ADDR"]
+    addr, endpoint = os.environ["PET_LOCAL_ADDR"], os.environ["PET_RDZV_ENDPOINT"]
     ours, theirs = agents(addr)
+    asked = [pid for pid in ours if hand_over(pid, endpoint)]
     for pid in ours:
         os.kill(pid, HOLD)
     for pid in theirs:
@@ -220,8 +222,9 @@ def leave(request: str = "-") -> int:
     say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
     start = time.monotonic()
     begun = min(map(started, ours + theirs), default=time.time())
+    ask = partial(answer, asked[0]) if asked else partial(ask_to_leave, addr, endpoint)
     try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
-        said = bounded(partial(ask_to_leave, addr), LEAVE_WAIT + 10, partial(stops, request, begun))
+        said = bounded(ask, LEAVE_WAIT + 10, partial(stops, request, begun))
         say(f"leave: {said} after {time.monotonic() - start:.1f} s")
     except Exception as failed:  # the launcher not answering: the agent still ends
         say(f"leave: the launcher did not answer ({type(failed).__name__}: {failed})")
@@ -230,6 +233,60 @@ def leave(request: str = "-") -> int:
         end_agents([p for p in ours + theirs if p != 1])
         say("leave: done; the agent ends at the kubelet's SIGTERM")
     return 0
+
+
+def asking(pid: int) -> str:
+    """Where a leave asks agent `pid` to ask for it; its answer is at this + ".answer"."""
+    return os.path.join(tempfile.gettempdir(), f"etoperator-leave.{pid}")
+
+
+def hand_over(pid: int, endpoint: str) -> bool:
+    """Our agent asks the launcher itself: torch is loaded there, while this hook's Python
+    would import it first (on a busy node longer than the hook's bound). False: a container
+    that cannot write its temporary directory; the hook then asks."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(asking(pid) + ".answer")
+    try:
+        with open(asking(pid), "w") as f:
+            f.write(endpoint)
+    except OSError:
+        return False
+    return True
+
+
+def answer(pid: int) -> str:
+    """What agent `pid` said its ask came to (bounded by the caller)."""
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            with open(asking(pid) + ".answer") as f:
+                ok, _, said = f.read().partition(" ")
+            if ok != "ok":
+                raise RuntimeError(said)
+            return said
+        time.sleep(TICK)
+
+
+def answer_leave(loaded: bool) -> None:
+    """In a held agent (torchagent.py) that its leave handed the ask: asks the launcher to
+    take this node out and writes what came of it for the hook. `loaded`: torch is."""
+    try:
+        with open(asking(os.getpid())) as f:
+            endpoint = f.read()
+    except OSError:
+        return  # a leave that asks itself, or torchrun's own hold
+    start = time.monotonic()
+    said = "ok nothing to leave: not in the rendezvous yet (torch loading)"
+    try:
+        if loaded:
+            said = f"ok {ask_to_leave(os.environ['PET_LOCAL_ADDR'], endpoint)}"
+    except Exception as failed:
+        if type(failed).__name__ == "SignalException":
+            raise  # the hook's end: the agent ends
+        said = f"failed {type(failed).__name__}: {failed}"
+    took = f" (asked by the agent in {time.monotonic() - start:.1f} s)" if loaded else ""
+    with open(asking(os.getpid()) + ".part", "w") as f:
+        f.write(said + took)
+    os.replace(asking(os.getpid()) + ".part", asking(os.getpid()) + ".answer")
 
 
 def end_agents(pids: list[int]) -> None:
@@ -292,9 +349,9 @@ def gone(host: str, port: int) -> bool:
         return failed.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
-def ask_to_leave(addr: str) -> str:
-    """What became of asking the launcher to take `addr` out (within LEAVE_WAIT)."""
-    host, port = os.environ["PET_RDZV_ENDPOINT"].rpartition(":")[::2]
+def ask_to_leave(addr: str, endpoint: str) -> str:
+    """What became of asking the launcher at `endpoint` to take `addr` out."""
+    host, port = endpoint.rpartition(":")[::2]
     went = "nothing to leave: the launcher is gone (the whole run stops)"
     if gone(host, int(port)):
         return went

@@ -78,7 +78,7 @@ def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
     if first:  # unshare forks the agent as PID 1 of a new PID namespace, as a container's
         argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
-    env["PET_LOCAL_ADDR"] = addr
+    env["PET_LOCAL_ADDR"], env["TMPDIR"] = addr, str(tmp_path)  # a container's own /tmp
     # a session of its own: its forkserver and workers go with it at the end (a container's
     # do with the container)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -93,11 +93,14 @@ def first_process(agent: Stream) -> str:
     return out.split()[0]
 
 
-def hook(pid1: str, endpoint: str, *args: str) -> subprocess.Popen[bytes]:
-    """The leave, run inside the agent's container (its PID and mount namespaces) as the
-    kubelet runs a preStop hook; the launcher at `endpoint`."""
+def hook(
+    pid1: str, tmp: Path, endpoint: str, *args: str, python: tuple[str, ...] = (sys.executable,)
+) -> subprocess.Popen[bytes]:
+    """The leave, run inside the agent's container (its PID and mount namespaces, its
+    environment) as the kubelet runs a preStop hook; the launcher at `endpoint`."""
     env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2", "PET_RDZV_ENDPOINT": endpoint}
-    argv = [sys.executable, rendezvous.__file__, "leave", *args]
+    env["TMPDIR"] = str(tmp)
+    argv = [*python, rendezvous.__file__, "leave", *args]
     return subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=env)
 
 
@@ -174,7 +177,7 @@ def test_a_leaving_agent_that_is_its_container_s_first_process_is_held(
     silent = socket.socket()  # a launcher that takes the connection and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    leave = hook(pid1, f"127.0.0.1:{silent.getsockname()[1]}")
+    leave = hook(pid1, tmp_path, f"127.0.0.1:{silent.getsockname()[1]}")
     procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
     a_node_waits(port)
@@ -203,7 +206,7 @@ def test_a_leave_when_the_launcher_is_gone_ends_the_agent_at_once_without_a_fail
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
     pid1 = first_process(leaving)
-    assert hook(pid1, f"127.0.0.1:{free_port()}").wait(timeout=30) == 0
+    assert hook(pid1, tmp_path, f"127.0.0.1:{free_port()}").wait(timeout=30) == 0
     said = leaving.wait_for("leave: nothing to leave")
     took = float(leaving.lines[said].rsplit("after ", 1)[1].split()[0])
     assert took < 5, leaving.lines[said]  # torch's client would have retried for 5 s or more
@@ -227,7 +230,7 @@ def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
     while not store.check([rendezvous.STOPPING]):
         assert time.monotonic() < deadline, "the launcher never saw its run stop"
         time.sleep(0.05)
-    assert hook(pid1, f"127.0.0.1:{port}").wait(timeout=60) == 0
+    assert hook(pid1, tmp_path, f"127.0.0.1:{port}").wait(timeout=60) == 0
     leaving.wait_for("leave: nothing to leave: the whole run stops")
     got = C10dRendezvousBackend(store, "r").get_state()
     assert got is not None
@@ -255,7 +258,7 @@ def test_a_leave_that_sees_its_run_s_save_request_ends_though_the_launcher_hangs
     silent = socket.socket()  # a launcher that takes the connection and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
-    leave = hook(pid1, f"127.0.0.1:{silent.getsockname()[1]}", str(request))
+    leave = hook(pid1, tmp_path, f"127.0.0.1:{silent.getsockname()[1]}", str(request))
     procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
     with pytest.raises(subprocess.TimeoutExpired):  # the earlier request ends nothing
@@ -280,11 +283,44 @@ def test_a_launcher_not_answering_yet_is_not_taken_for_gone(
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
     pid1 = first_process(leaving)
-    leave = hook(pid1, f"launcher.not-resolved-yet.invalid:{port}")
+    leave = hook(pid1, tmp_path, f"launcher.not-resolved-yet.invalid:{port}")
     procs.append(leave)  # type: ignore[arg-type]
     held = leaving.wait_for("leave: holding")
     assert leave.wait(timeout=60) == 1  # asked until its bound, then said so
     said = leaving.wait_for("leave: the launcher did not answer", after=held)
     assert not [x for x in leaving.lines[held:said] if "nothing to leave" in x]
     os.kill(int(pid1), signal.SIGTERM)
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_is_taken_though_the_hook_s_own_python_cannot_load_torch(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """On a busy node the hook's own import of torch's client outlasted its bound: a live
+    launcher "did not answer", the agent ended outside the rendezvous and a planned change
+    used a restart (three in one CI run). The held agent, which has torch loaded, asks for
+    the leave: a hook that cannot load torch at all is still taken out at once, and its
+    peer restarts its worker as a membership change into a round without it."""
+    port, tmp_path, procs = world
+    leaving, staying = two_agents(world)
+    pid1 = first_process(leaving)
+    assert subprocess.run([sys.executable, "-S", "-c", "import torch"]).returncode != 0
+    leave = hook(pid1, tmp_path, f"127.0.0.1:{port}", python=(sys.executable, "-S"))
+    procs.append(leave)  # type: ignore[arg-type]
+    assert leave.wait(timeout=60) == 0
+    said = leaving.wait_for("leave: taken out")
+    assert "asked by the agent" in leaving.lines[said]
+    staying.wait_for("worker stopped")
+    backend = C10dRendezvousBackend(TCPStore("127.0.0.1", port, is_master=False), "r")
+    deadline = time.monotonic() + 60
+    while True:
+        got = backend.get_state()
+        assert got is not None
+        state = pickle.loads(got[0])
+        nodes = {n.addr for n in (*state.participants, *state.wait_list)}
+        if "127.0.0.3" in nodes and "127.0.0.2" not in nodes:
+            break
+        assert time.monotonic() < deadline, f"not a round without the leaving node: {nodes}"
+        time.sleep(0.05)
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)

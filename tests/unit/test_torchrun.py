@@ -51,6 +51,7 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
     leave = first["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert leave.endswith("rendezvous.py leave /checkpoints/.etoperator-save-request")
     assert rendezvous.HOLD == torchagent.HOLD  # what the leave sends is what the agent holds at
+    assert torchagent.RENDEZVOUS == naming.RENDEZVOUS_KEY  # the agent asks with its sibling
     assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
     claim = {"claimName": "tr-shared"}
