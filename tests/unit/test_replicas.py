@@ -13,14 +13,17 @@ import pytest
 
 from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
+from etoperator.planning.views import Plan
 from etoperator.planning.writes import (
     DeletePod,
     HostList,
     JobStatusWrite,
     MakeScaler,
+    Queueing,
     ScalerStatusWrite,
     SpecReplicas,
     WorkerObjects,
+    Write,
     ordered,
 )
 from localcluster.manifests import scalein, scaleout
@@ -45,6 +48,7 @@ class World:
     made: list[str] = field(default_factory=list)
     held: set[str] = field(default_factory=set)  # pods that never become ready
     tick: int = 0
+    plan: Plan = field(default_factory=lambda: Plan(status=JobStatus()))  # the pass's
 
     def write(self, fn: Callable[..., object], *args: Any) -> None:
         fn(*args)
@@ -70,27 +74,33 @@ class World:
             published=self.published,
         )
 
+    def queueing(self) -> Queueing | None:
+        return None
+
     def act(self) -> float:
         """One pass: the plan's writes in their one order (planning/writes.py, as the
         reconciler runs them), each a step a crash can end the pass after."""
-        plan = plan_job(self.observe())
-        for write in ordered(plan, self.status, pods=True, queue=None):
-            if isinstance(write, ScalerStatusWrite):
-                self.write(self._set_scaler, write.kind_name, write.status)
-            elif isinstance(write, JobStatusWrite):
-                self.write(setattr, self, "status", write.status)
-            elif isinstance(write, SpecReplicas):
-                self.write(self.set_replicas, write.replicas)
-            elif isinstance(write, HostList) and list(write.hosts) != self.published:
-                self.write(setattr, self, "published", list(write.hosts))
-            elif isinstance(write, DeletePod):
-                self.write(self.pods.pop, write.name)
-            elif isinstance(write, WorkerObjects):
-                for i in write.indices:
-                    self.write(self._start, i)
-            elif isinstance(write, MakeScaler):
-                self.write(self._make, write.wanted)
-        return plan.requeue
+        self.plan = plan_job(self.observe())
+        for write in ordered(self.plan, self.status, pods=True, queue=self.queueing()):
+            self.apply(write)
+        return self.plan.requeue
+
+    def apply(self, write: Write) -> None:
+        if isinstance(write, ScalerStatusWrite):
+            self.write(self._set_scaler, write.kind_name, write.status)
+        elif isinstance(write, JobStatusWrite):
+            self.write(setattr, self, "status", write.status)
+        elif isinstance(write, SpecReplicas):
+            self.write(self.set_replicas, write.replicas)
+        elif isinstance(write, HostList) and list(write.hosts) != self.published:
+            self.write(setattr, self, "published", list(write.hosts))
+        elif isinstance(write, DeletePod):
+            self.write(self.pods.pop, write.name)
+        elif isinstance(write, WorkerObjects):
+            for i in write.indices:
+                self.write(self._start, i)
+        elif isinstance(write, MakeScaler):
+            self.write(self._make, write.wanted)
 
     def _set_scaler(self, key: tuple[str, str], status: ScalerStatus) -> None:
         self.scalers[key] = dataclasses.replace(self.scalers[key], status=status)
