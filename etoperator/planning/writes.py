@@ -16,7 +16,9 @@ or a 409 between any two writes harmless:
 Off the list by design: Events (the recorder posts them after the writes they tell of),
 scaler scripts (run on the launcher, recorded there; reconcile/scripts.py), and the making of
 the launcher's access, which MakeLauncherAccess hands to a pool of its own (a Role or binding
-can take the apiserver a second; the launcher waits for them)."""
+can take the apiserver a second; the launcher waits for them). Two writes come from outside
+any job's pass and go through the same executor alone (`OffPass`): a script's outcome on its
+scaler, from the script's thread, and the status of a scaler whose job is not there."""
 
 from __future__ import annotations
 
@@ -146,6 +148,31 @@ Write = (
     | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
     | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScriptCondition:
+    """A scaler script's ScriptExecuted condition, from its thread: on the version read (again
+    after a 409); an outcome (True/False) is also an Event."""
+
+    kind_name: tuple[str, str]
+    namespace: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class OrphanScalerStatus:
+    """The status of a scaler whose job is not there (planning/orphans.py), on the version
+    read; `event`: (type, reason, message) told of it."""
+
+    body: dict[str, Any]
+    status: ScalerStatus
+    event: tuple[str, str, str] | None
+
+
+OffPass = ScriptCondition | OrphanScalerStatus
 
 
 def ordered(plan: Plan, old_status: JobStatus, pods: bool, queue: Queueing | None) -> list[Write]:

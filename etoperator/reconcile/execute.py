@@ -1,7 +1,8 @@
 """The one executor of a pass's writes (planning/writes.py says their order and why): a table
 from each write's type to the method that makes it. Every write the pass makes goes through
 `run`; the stage a write belongs to (planning/writes.py `STAGES`) is all JobReconciler.act
-needs to know about it."""
+needs to know about it. The two writes made outside any job's pass (a script's outcome, an
+orphan scaler's status) go through `alone`: no write of the operator's is made elsewhere."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from datetime import datetime
 from typing import Any
 
 from etoperator import naming
+from etoperator import status as st
 from etoperator.api.models import JobSpec
+from etoperator.api.statuses import scaler_status
 from etoperator.builders import scalers
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
-from etoperator.kube import AlreadyExists, Kube
+from etoperator.clock import iso
+from etoperator.kube import AlreadyExists, Conflict, Kube
+from etoperator.planning.scaling import SCRIPT_EXECUTED
 from etoperator.planning.views import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
@@ -31,7 +36,10 @@ from etoperator.planning.writes import (
     MakeLauncherAccess,
     MakeScaler,
     MakeWorkload,
+    OffPass,
+    OrphanScalerStatus,
     ScalerStatusWrite,
+    ScriptCondition,
     SpecReplicas,
     UpdateLauncherRole,
     UpdateWorkload,
@@ -71,6 +79,7 @@ class Executor:
     recorder: Recorder
     clock: Callable[[], datetime]
     table: dict[type, Callable[[Pass, Any], None]] = field(init=False)
+    off_pass: dict[type, Callable[[Any], bool]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.table = {
@@ -93,8 +102,17 @@ class Executor:
             UpdateWorkload: self.update_workload,
         }
 
+        self.off_pass = {
+            ScriptCondition: self.script_condition,
+            OrphanScalerStatus: self.orphan_status,
+        }
+
     def run(self, p: Pass, w: Write) -> None:
         self.table[type(w)](p, w)
+
+    def alone(self, w: OffPass) -> bool:
+        """A write from outside any job's pass (planning/writes.py); False: its object is gone."""
+        return self.off_pass[type(w)](w)
 
     def write(
         self, body: dict[str, Any], change: dict[str, Any], sub: str | None = None
@@ -182,6 +200,37 @@ class Executor:
             return
         said = f"replicas set to {spec.worker.replicas}: created {wanted['kind']} {wanted['name']}"
         self.recorder.post(p.obs.job, "Normal", "ReplicasChanged", said, self.clock())
+
+    # Off the pass.
+    def script_condition(self, w: ScriptCondition) -> bool:
+        """Written on the version read (a pass writing the scaler in between makes it read
+        again) and remembered as ours, so that a pass whose cache has not seen it yet waits
+        instead of acting on the old one."""
+        (kind, name), ns = w.kind_name, w.namespace
+        for _ in range(5):
+            scaler = self.kube.get(kind, ns, name)
+            if scaler is None:
+                return False
+            conds, _ = st.set_condition(
+                scaler_status(kind, scaler.get("status")).conditions or [],
+                SCRIPT_EXECUTED, w.status, w.reason, w.message, iso(self.clock()),
+            )  # fmt: skip
+            try:
+                self.write(scaler, {"status": {"conditions": conds}}, sub="status")
+            except Conflict:
+                continue
+            if w.status != "Unknown":
+                etype = "Normal" if w.status == "True" else "Warning"
+                self.recorder.post(scaler, etype, w.reason, w.message, self.clock())
+            return True
+        raise RuntimeError(f"{kind} {ns}/{name} kept changing while its script was reported")
+
+    def orphan_status(self, w: OrphanScalerStatus) -> bool:
+        change = {"status": merge_patch(w.body.get("status") or {}, w.status.to_dict())}
+        self.write(w.body, change, sub="status")
+        if w.event is not None:
+            self.recorder.post(w.body, *w.event, self.clock())
+        return True
 
     # Kueue's Workloads.
     def drop_workloads(self, p: Pass, w: DropWorkloads) -> None:

@@ -28,7 +28,14 @@ from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.views import BasicsView
-from etoperator.planning.writes import JobStatusWrite, Queueing, Stage, ordered, staged
+from etoperator.planning.writes import (
+    JobStatusWrite,
+    OrphanScalerStatus,
+    Queueing,
+    Stage,
+    ordered,
+    staged,
+)
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.execute import Executor, Pass
 from etoperator.reconcile.gangs import Gangs
@@ -49,7 +56,6 @@ from etoperator.reconcile.state import (
     Writes,
     job_id,
     job_prefix,
-    merge_patch,
     plan_next,
     refused,
 )
@@ -80,6 +86,7 @@ class JobReconciler:
     observer: Observer
     children: Children
     scripts: Scripts
+    executor: Executor  # every write goes through it: a pass's, a script's, an orphan's
     writes: Writes
     keys: Keys
     pool: concurrent.futures.ThreadPoolExecutor  # independent writes made at once
@@ -89,18 +96,6 @@ class JobReconciler:
     clock: Callable[[], datetime] = utcnow
     _refused: set[str] = field(default_factory=set)  # jobs whose last pass had a write refused
     _acted: dict[str, Acted] = field(default_factory=dict)  # what the last pass's acting met
-    executor: Executor = field(init=False)  # every write of a pass goes through it
-
-    def __post_init__(self) -> None:
-        self.executor = Executor(
-            self.kube,
-            self.children,
-            self.gangs,
-            self.queues,
-            self.writes,
-            self.recorder,
-            self.clock,
-        )
 
     @classmethod
     def build(
@@ -129,10 +124,12 @@ class JobReconciler:
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
         children = Children(kube, keys, writes, pool, access, recorder, clock)
-        scripts = Scripts(kube, writes, recorder, clock)
+        queues, gangs = Queues(kube, clock), Gangs(kube)
+        executor = Executor(kube, children, gangs, queues, writes, recorder, clock)
+        scripts = Scripts(kube, executor.alone, clock)
         return cls(
-            kube, observer, children, scripts, writes, keys, pool, recorder, Queues(kube, clock),
-            Gangs(kube), clock,
+            kube, observer, children, scripts, executor, writes, keys, pool, recorder, queues,
+            gangs, clock,
         )  # fmt: skip
 
     def forget(self, namespace: str, job: str) -> None:
@@ -354,20 +351,9 @@ class JobReconciler:
         job_name = view.spec.job if view.spec is not None else ""
         job = self.kube.get(naming.JOB_KIND, namespace, job_name) if job_name else None
         new, event = plan_orphan_scaler(view, job is not None, self.clock())
-        if new is None:
-            return
-        self.kube.patch(
-            kind,
-            namespace,
-            name,
-            {
-                "metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
-                "status": merge_patch(body.get("status") or {}, new.to_dict()),
-            },
-            sub="status",
-        )
-        if event is not None:
-            self.recorder.post(body, event.type, event.reason, event.message, self.clock())
+        if new is not None:
+            told = (event.type, event.reason, event.message) if event is not None else None
+            self.executor.alone(OrphanScalerStatus(body, new, told))
 
 
 def next_after(plan: Plan, quiet: bool, making_access: bool) -> Next:

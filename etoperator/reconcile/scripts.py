@@ -10,14 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from etoperator import naming
-from etoperator import status as st
-from etoperator.api.statuses import scaler_status
 from etoperator.cache import Observed
-from etoperator.clock import iso, utcnow
-from etoperator.kube import NO_ANSWER, Conflict, Kube
+from etoperator.clock import utcnow
+from etoperator.kube import NO_ANSWER, Kube
 from etoperator.planning import Plan
-from etoperator.planning.scaling import SCRIPT_EXECUTED, SCRIPT_GRACE
-from etoperator.reconcile.state import Recorder, Writes, job_id
+from etoperator.planning.scaling import SCRIPT_GRACE
+from etoperator.planning.writes import ScriptCondition
+from etoperator.reconcile.state import job_id
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +45,7 @@ class Scripts:
     """Scaler scripts in flight (a thread each) and those already reported."""
 
     kube: Kube
-    writes: Writes
-    recorder: Recorder  # a script's end told off its thread's way, as every event is
+    report: Callable[[ScriptCondition], bool]  # the executor's: False when the scaler is gone
     clock: Callable[[], datetime] = utcnow
     _running: dict[str, threading.Thread] = field(default_factory=dict)
     # Scripts that ran and were reported: never run again for the same scaler, even by a pass
@@ -184,30 +182,6 @@ class Scripts:
     def mark_script(
         self, kind_name: tuple[str, str], ns: str, status: str, reason: str, message: str
     ) -> bool:
-        """The ScriptExecuted condition, written on the version read (a pass writing the scaler
-        in between makes it read again) and remembered as our write, so that a pass whose cache
-        has not seen it yet waits instead of acting on the old one. An outcome (True/False) is
-        also an Event. False: the scaler is gone."""
-        kind, name = kind_name
-        for _ in range(5):
-            scaler = self.kube.get(kind, ns, name)
-            if scaler is None:
-                return False
-            conds, _ = st.set_condition(
-                scaler_status(kind, scaler.get("status")).conditions or [],
-                SCRIPT_EXECUTED, status, reason, message, iso(self.clock()),
-            )  # fmt: skip
-            version = {"resourceVersion": scaler["metadata"]["resourceVersion"]}
-            try:
-                self.kube.patch(
-                    kind, ns, name, {"status": {"conditions": conds}, "metadata": version},
-                    sub="status",
-                )  # fmt: skip
-            except Conflict:
-                continue
-            self.writes.wrote(scaler)
-            if status != "Unknown":
-                etype = "Normal" if status == "True" else "Warning"
-                self.recorder.post(scaler, etype, reason, message, self.clock())
-            return True
-        raise RuntimeError(f"{kind} {ns}/{name} kept changing while its script was reported")
+        """The ScriptExecuted condition, through the executor (reconcile/execute.py). False:
+        the scaler is gone."""
+        return self.report(ScriptCondition(kind_name, ns, status, reason, message))
