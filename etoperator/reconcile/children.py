@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 from etoperator import metrics, naming
-from etoperator import status as st
 from etoperator.api import claims
 from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, rbac, runtimes, ssh, volumes
@@ -22,8 +21,8 @@ from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning import Plan
-from etoperator.planning.views import BasicsView
 from etoperator.reconcile.state import (
+    AccessMakings,
     Keys,
     Recorder,
     Writes,
@@ -58,60 +57,10 @@ class Children:
     access_pool: concurrent.futures.ThreadPoolExecutor  # launchers' access, made off the pass
     recorder: Recorder  # what acting met, told as the pass's own events are: off the pass
     clock: Callable[[], datetime] = utcnow
-    _access: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
-    # What the last making of a job's access met, said on every pass until the next making
-    # ends (not only on the pass that read it: the Blocked message flapped, a status write and
-    # a Warning each pass).
-    _access_met: dict[str, list[str]] = field(default_factory=dict)
+    makings: AccessMakings = field(default_factory=AccessMakings)  # the Observer reads them
 
     def forget(self, prefix: str) -> None:
-        for memo in (self._access, self._access_met):
-            for k in [k for k in memo if k.startswith(prefix)]:
-                memo.pop(k)
-
-    def basics_seen(self, obs: Observed, secrets: list[str]) -> tuple[list[str], BasicsView]:
-        """What the job's pods need, as the watches show it, and what stands in its way: the
-        Secrets it names found wanting (`secrets`), or what the last making of the launcher's
-        access met."""
-        spec = obs.spec
-        assert spec is not None
-        if obs.status.phase in st.TERMINAL:
-            return [], BasicsView()
-        problems = list(secrets)
-        jid = job_id(spec.namespace, spec.name, spec.uid)
-        if obs.secret is not None:
-            self.keys.public[jid] = ssh.public_key(obs.secret)
-        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
-        unseen = self.writes.unseen(obs)
-        missing = tuple(
-            ref
-            for o in wanted
-            if (ref := (o["kind"], o["metadata"]["name"])) not in obs.present and ref not in unseen
-        )
-        met, ended = self.access_made(jid, bool(missing))
-        problems += met
-        role = next(o for o in wanted if o["kind"] == "Role")
-        view = BasicsView(
-            secret=not runtimes.of(spec).ssh or bool(spec.ssh_secret) or obs.secret is not None,
-            config_map=obs.configmap is not None,
-            # A making that met something in the way is tried again at the job's next pass,
-            # not in the pass that told of it (which came a second after: a making a second).
-            access=() if self.making_access(jid) or ended else missing,
-            role_current=not obs.role or obs.role.get("rules") == role["rules"],
-            launcher_ready=all((o["kind"], o["metadata"]["name"]) in obs.present for o in wanted),
-        )
-        return problems, view
-
-    def access_made(self, jid: str, missing: bool) -> tuple[list[str], bool]:
-        """What the launcher's access met when last made, until it is made again (nothing
-        once none of it is missing); and whether that making ended since the last pass."""
-        making = self._access.get(jid)
-        ended = making is not None and making.done()
-        if ended:
-            self._access_met[jid] = self._access.pop(jid).result()
-        if not missing:
-            self._access_met.pop(jid, None)
-        return list(self._access_met.get(jid, [])), ended
+        self.makings.forget(prefix)
 
     # -- the basics' writes (planning/writes.py), first in a pass ------------------------------
 
@@ -137,8 +86,10 @@ class Children:
         jid = job_id(spec.namespace, spec.name, spec.uid)
         wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
         missing = [o for o in wanted if (o["kind"], o["metadata"]["name"]) in objects]
-        if missing and not self.making_access(jid):
-            self._access[jid] = self.access_pool.submit(self.make_access, obs, missing)
+        if missing:
+            self.makings.start(
+                jid, partial(self.access_pool.submit, self.make_access, obs, missing)
+            )
 
     def update_launcher_role(self, obs: Observed) -> None:
         """A Role made by an older operator: grant what the current launcher script needs."""
@@ -154,10 +105,6 @@ class Children:
     def make_access(self, obs: Observed, missing: list[dict[str, Any]]) -> list[str]:
         """In order: a binding is refused before the Role it binds exists."""
         return [p for obj in missing for p in self.create_child(obs, obj)]
-
-    def making_access(self, jid: str) -> bool:
-        """The launcher's access is being made: the job's next pass comes soon to tell."""
-        return jid in self._access
 
     def repair_secret(self, obs: Observed, owner: Owner) -> list[str]:
         """(Re)create the job's SSH Secret: with the key pair we still hold when it was deleted

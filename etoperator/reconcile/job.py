@@ -50,6 +50,7 @@ from etoperator.reconcile.state import (
     GONE,
     REFUSED,
     STALE,
+    AccessMakings,
     Keys,
     Next,
     Recorder,
@@ -111,19 +112,19 @@ class JobReconciler:
         clock: Callable[[], datetime] = utcnow,
     ) -> JobReconciler:
         """The reconciler and its parts, each handed what it needs."""
-        keys, writes = Keys(), Writes()
+        keys, writes, makings = Keys(), Writes(), AccessMakings()
         pool = concurrent.futures.ThreadPoolExecutor(CREATES_AT_ONCE, "etoperator-create")
         observer = Observer(
             kube, keys, prober or SSHProber(), probe_pool or concurrent.futures.ThreadPoolExecutor(
                 16, "etoperator-ssh"
             ), ssh_checks, max_workers, tainted_nodes, own_account=own_account,
-            secrets=SecretChecks(kube, clock),
+            secrets=SecretChecks(kube, clock), writes=writes, makings=makings,
         )  # fmt: skip
         access = concurrent.futures.ThreadPoolExecutor(ACCESS_AT_ONCE, "etoperator-access")
         recorder = Recorder(
             kube, concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "etoperator-event")
         )
-        children = Children(kube, keys, writes, pool, access, recorder, clock)
+        children = Children(kube, keys, writes, pool, access, recorder, clock, makings)
         queues, gangs = Queues(kube, clock), Gangs(kube)
         executor = Executor(kube, children, gangs, queues, writes, recorder, clock)
         scripts = Scripts(kube, executor.alone, clock)
@@ -205,7 +206,7 @@ class JobReconciler:
         self._refused.discard(jid)
         now = self._acted.get(jid, Acted())
         quiet = not basics and not now.problems and not now.held
-        return next_after(plan, quiet, self.children.making_access(jid))
+        return next_after(plan, quiet, self.children.makings.making(jid))
 
     def job_input(
         self, obs: Observed, jid: str, took: dict[str, float]
@@ -213,11 +214,7 @@ class JobReconciler:
         """What the planner is given of the job's world, and the basics it still lacks."""
         namespace, name = obs.job["metadata"]["namespace"], obs.job["metadata"]["name"]
         acted = self._acted.get(jid, Acted())
-        basics, have = (
-            self.children.basics_seen(obs, self.observer.secret_problems(obs))
-            if obs.spec is not None
-            else ([], None)
-        )
+        basics, have = self.observer.basics(obs) if obs.spec is not None else ([], None)
         held = basics + acted.held
         with metrics.pass_step(took, "views"):
             scalers, queue = self.observer.scaler_views(obs), self.queues.view(obs)

@@ -20,17 +20,17 @@ from etoperator.api.fields import DEFAULT_MAX_WORKERS, InvalidSpec
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.scalers import ScalerSpec, parse_scaler
 from etoperator.api.statuses import JobStatus, scaler_status
-from etoperator.builders import config, runtimes, ssh
-from etoperator.builders.common import is_controlled_by
+from etoperator.builders import config, rbac, runtimes, ssh
+from etoperator.builders.common import Owner, is_controlled_by
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView, surplus
-from etoperator.planning.views import QueueView
+from etoperator.planning.views import BasicsView, QueueView
 from etoperator.reconcile.launcherlog import said_saved, words_about
 from etoperator.reconcile.podviews import classify
 from etoperator.reconcile.secretchecks import SecretChecks
-from etoperator.reconcile.state import Keys, job_id, job_prefix
+from etoperator.reconcile.state import AccessMakings, Keys, Writes, job_id, job_prefix
 from etoperator.sshcheck import (
     HorovodOn,
     SSHProber,
@@ -179,12 +179,42 @@ class Observer:
     wall: Callable[[], datetime] = utcnow
     saved: dict[str, str] = field(default_factory=dict)  # by job prefix: note_gone's
     secrets: SecretChecks | None = None  # the Secrets a job names that are not its own
+    writes: Writes = field(default_factory=Writes)  # ours, the caches may not show yet
+    makings: AccessMakings = field(default_factory=AccessMakings)  # Children's, read here
 
     def secret_problems(self, obs: Observed) -> list[str]:
         """What is wrong with the unwatched Secrets a live job names (read now and then)."""
         if obs.spec is None or obs.status.phase in st.TERMINAL or self.secrets is None:
             return []
         return self.secrets.problems(obs.spec)
+
+    def basics(self, obs: Observed) -> tuple[list[str], BasicsView]:
+        """What the job's pods need, as the watches show it, and what stands in its way: the
+        Secrets it names found wanting, or what the last making of the launcher's access met."""
+        spec = obs.spec
+        assert spec is not None
+        if obs.status.phase in st.TERMINAL:
+            return [], BasicsView()
+        problems = self.secret_problems(obs)
+        jid = job_id(spec.namespace, spec.name, spec.uid)
+        if obs.secret is not None:
+            self.keys.public[jid] = ssh.public_key(obs.secret)
+        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        unseen = self.writes.unseen(obs)
+        refs = [(o["kind"], o["metadata"]["name"]) for o in wanted]
+        missing = tuple(r for r in refs if r not in obs.present and r not in unseen)
+        met, ended = self.makings.met(jid, bool(missing))
+        role = next(o for o in wanted if o["kind"] == "Role")
+        view = BasicsView(
+            secret=not runtimes.of(spec).ssh or bool(spec.ssh_secret) or obs.secret is not None,
+            config_map=obs.configmap is not None,
+            # A making that met something in the way is tried again at the job's next pass,
+            # not in the pass that told of it (which came a second after: a making a second).
+            access=() if self.makings.making(jid) or ended else missing,
+            role_current=not obs.role or obs.role.get("rules") == role["rules"],
+            launcher_ready=all(r in obs.present for r in refs),
+        )
+        return problems + met, view
 
     def parse(self, obs: Observed) -> Observed:
         """The job's spec (None and the error, when invalid), parsed once a pass."""

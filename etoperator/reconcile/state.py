@@ -1,7 +1,7 @@
 """Small pieces every part of the reconciler uses: when the next pass is wanted (`Next`), how
 a job's memory is filed, the writes of ours the cache has yet to show (`Writes`), the SSH keys
-held (`Keys`), independent writes made at once (`in_parallel`), and a pass's events posted
-off the pass (`Recorder`)."""
+held (`Keys`), the launchers' access being made off the pass (`AccessMakings`), independent
+writes made at once (`in_parallel`), and a pass's events posted off the pass (`Recorder`)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,41 @@ class Keys:
         for held in (self.parsed, self.text):
             for k in [k for k in held if k.startswith(prefix) and k.endswith(f"/{secret}")]:
                 held.pop(k)
+
+
+@dataclass
+class AccessMakings:
+    """Each job's making of its launcher's access, off the pass (Children starts it, the
+    Observer reads what it met): a making in flight, and what the last one met, said on
+    every pass until the next making ends (not only on the pass that read it: the Blocked
+    message flapped, a status write and a Warning each pass)."""
+
+    _making: dict[str, concurrent.futures.Future[list[str]]] = field(default_factory=dict)
+    _met: dict[str, list[str]] = field(default_factory=dict)
+
+    def start(self, jid: str, make: Callable[[], concurrent.futures.Future[list[str]]]) -> None:
+        if jid not in self._making:
+            self._making[jid] = make()
+
+    def making(self, jid: str) -> bool:
+        """Being made: the job's next pass comes soon to tell."""
+        return jid in self._making
+
+    def met(self, jid: str, missing: bool) -> tuple[list[str], bool]:
+        """What the last making met, until it is made again (nothing once none of it is
+        missing); and whether that making ended since the last pass."""
+        making = self._making.get(jid)
+        ended = making is not None and making.done()
+        if ended:
+            self._met[jid] = self._making.pop(jid).result()
+        if not missing:
+            self._met.pop(jid, None)
+        return list(self._met.get(jid, [])), ended
+
+    def forget(self, prefix: str) -> None:
+        for memo in (self._making, self._met):
+            for k in [k for k in memo if k.startswith(prefix)]:
+                memo.pop(k)
 
 
 @dataclass
