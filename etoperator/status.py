@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 # Job phases.
 CREATED = "Created"
@@ -25,6 +25,18 @@ SCALE_FAILED = "ScaleFailed"
 SCALE_TERMINAL = (SCALE_SUCCEEDED, SCALE_FAILED)
 
 
+class Condition(TypedDict, total=False):
+    """A condition as the wire has it: a job's, a scaler's or a Kueue Workload's."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastUpdateTime: str
+    lastTransitionTime: str
+    observedGeneration: int  # a Workload's
+
+
 @dataclass(frozen=True)
 class Event:
     type: str  # Normal | Warning
@@ -33,13 +45,13 @@ class Event:
 
 
 def set_condition(
-    conditions: list[dict[str, Any]],
+    conditions: list[Condition],
     ctype: str,
     status: str,
     reason: str,
     message: str,
     now: str,
-) -> tuple[list[dict[str, Any]], bool]:
+) -> tuple[list[Condition], bool]:
     """A copy of `conditions` with one of type `ctype` set; True when anything changed.
 
     One entry per type; lastTransitionTime moves only when `status` flips. The changed entry
@@ -69,11 +81,11 @@ def set_condition(
     return out, True
 
 
-def condition(conditions: Iterable[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
+def condition(conditions: Iterable[Condition], ctype: str) -> Condition | None:
     return next((c for c in conditions if c.get("type") == ctype), None)
 
 
-def is_true(conditions: Iterable[dict[str, Any]], ctype: str) -> bool:
+def is_true(conditions: Iterable[Condition], ctype: str) -> bool:
     c = condition(conditions, ctype)
     return bool(c and c.get("status") == "True")
 

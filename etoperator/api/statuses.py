@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
+from etoperator.status import Condition
+
 Schema = dict[str, Any]
 
 _STRING: Schema = {"type": "string"}
@@ -93,7 +95,7 @@ class CommonStatus(Wire):
     """What every kind's status has."""
 
     phase: Annotated[str | None, _STRING] = None
-    conditions: Annotated[list[dict[str, Any]] | None, _CONDITIONS] = None
+    conditions: Annotated[list[Condition] | None, _CONDITIONS] = None
     start_time: Annotated[str | None, _TIME] = None
     completion_time: Annotated[str | None, _TIME] = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know

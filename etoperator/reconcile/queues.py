@@ -39,7 +39,7 @@ HANDOVER = 10.0  # seconds a slice's admission may follow the finish of what it 
 API = f"{naming.KUEUE_GROUP}/{naming.KUEUE_VERSION}"
 
 
-def cond(body: dict[str, Any], ctype: str) -> dict[str, Any]:
+def cond(body: dict[str, Any], ctype: str) -> st.Condition:
     return st.condition((body.get("status") or {}).get("conditions") or [], ctype) or {}
 
 

@@ -25,6 +25,7 @@ from etoperator.planning import (
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.membership import JOIN_TOGETHER
 from etoperator.planning.phases import MOVES
+from etoperator.status import Condition
 from localcluster.manifests import job, scalein, scaleout, torchrun_job
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
@@ -65,7 +66,7 @@ def running_status(
     }
 
 
-def cond_of(status: JobStatus, ctype: str) -> dict[str, Any]:
+def cond_of(status: JobStatus, ctype: str) -> Condition:
     return next(c for c in status.conditions or [] if c["type"] == ctype)
 
 
@@ -167,7 +168,7 @@ def test_a_jobs_missing_basics_are_made_first_and_an_ended_job_gets_none() -> No
     assert not (ended.make_secret or ended.make_config_map or ended.make_access)
 
 
-def blocked_of(status: JobStatus) -> dict[str, Any]:
+def blocked_of(status: JobStatus) -> Condition:
     return cond_of(status, "Blocked")
 
 

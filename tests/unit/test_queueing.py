@@ -14,6 +14,7 @@ from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.statuses import JobStatus
 from etoperator.planning import JobInput, PodView, plan_job, surplus
 from etoperator.planning.views import QueueView
+from etoperator.status import Condition, condition
 from localcluster.manifests import job, scaleout
 from tests.unit.test_planning import NOW, inp, jspec, launcher, running_status, scaler, w
 
@@ -36,8 +37,8 @@ ADMITTED = QueueView(
 )  # fmt: skip
 
 
-def cond(status: JobStatus, ctype: str) -> dict[str, Any]:
-    return next((c for c in status.conditions or [] if c["type"] == ctype), {})
+def cond(status: JobStatus, ctype: str) -> Condition:
+    return condition(status.conditions or [], ctype) or Condition()
 
 
 def test_a_new_queued_job_makes_its_core_workload_and_no_pod() -> None:
