@@ -192,7 +192,7 @@ class World:
             lines.append(f"  event {who} {e.get('type')} {e.get('reason')}: {e.get('message')}")
         return "\n".join(lines)
 
-    TELLING = ("FAILED", "Error", "error", "leave:", "rendezvous closed", "the run stops")
+    TELLING = ("FAILED", "Error", "error", "leave:", "rendezvous closed", "the run stops", "RANK ")
 
     def telling_lines(self, ns: str, job: str) -> list[str]:
         """The lines of the job's pods that say why a run ended: torch's agents giving up or

@@ -17,6 +17,9 @@ by rank 0, read by the tests and benchmarks:
     RESUMED step=<n> epoch=<e> position=<p> from=<path>
     STEP <n> size=<world> loss=<batch loss> first=<first sample> t=<unix time>
     DONE steps=<n> size=<world> eval_before=<loss> eval_after=<loss>
+
+and by every rank, in its own pod's log: `RANK <rank>/<world> joined|ready t=<unix time>`
+(joined: the process group formed; ready: DDP's first broadcast done).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ def main() -> int:
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Every rank says where it is (its own pod's log): a run that hangs shows who never came.
+    print(f"RANK {rank}/{world} joined t={time.time():.3f}", flush=True)
     model = model_()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = State(model, opt)
@@ -117,7 +122,8 @@ def main() -> int:
             f"RESUMED step={state.step} epoch={state.epoch} position={state.position} from={found}",
             flush=True,
         )
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model)  # a broadcast: every rank of the round takes part
+    print(f"RANK {rank}/{world} ready t={time.time():.3f}", flush=True)
     requests = SaveRequests(args.checkpoints if rank == 0 else "")
 
     def stopped(signum: int, _frame: Any) -> None:
