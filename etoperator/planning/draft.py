@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
+from etoperator.api.statuses import JobStatus
 from etoperator.builders import runtimes
 from etoperator.clock import iso, parse_iso
 from etoperator.planning.phases import Happened, next_phase
@@ -62,6 +63,14 @@ class Draft:
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
         self.watching: list[str] = []  # what the watches will tell of (pods starting)
         self.happened = Happened()  # what decides the phase (phases.py)
+        # A queued job's workers asked for and not running (Kueue admitted fewer, or not
+        # yet): part of its size in every scale's count (scalerqueue.py), never dropped by one.
+        self.beyond = self.queued_beyond(self.status_read)
+
+    def queued_beyond(self, status: JobStatus) -> int:
+        if self.inp.queue is None or status.accepted_replicas is None:
+            return 0
+        return max(0, status.accepted_replicas - len(status.members))
 
     @property
     def phase(self) -> str | None:
@@ -167,6 +176,7 @@ class Draft:
         self.status.run_start_index = indices.start
         self.set_members(Members(tuple(naming.worker_name(job_spec.name, i) for i in indices), ()))
         self.accept_replicas(job_spec.worker.replicas)
+        self.beyond = self.queued_beyond(self.status)
         self.happened.fresh = True
         if len(indices) == 1 and lone_host_waits(job_spec):
             why = (
@@ -212,7 +222,7 @@ class Draft:
     def follow_members(self, members: int) -> None:
         worker, gang = self.spec.worker, self.spec.gang
         # Never below what the spec check refuses (a refused edit would hold the whole job).
-        wanted = max(members, worker.min_replicas, gang.min_available if gang else 0)
+        wanted = max(members + self.beyond, worker.min_replicas, gang.min_available if gang else 0)
         if worker.max_replicas is not None:
             wanted = min(wanted, worker.max_replicas)  # the schema refuses anything else
         if wanted == worker.replicas:
@@ -248,9 +258,11 @@ class Draft:
         if ref is None:
             return None
         sc = self.scalers.get((ref[0], ref[2]))
-        if sc is None or sc.phase in st.SCALE_TERMINAL or not sc.planned:
+        if sc is None or sc.phase in st.SCALE_TERMINAL:
             return None
-        return sc
+        # Started: its frozen plan written (a ScaleIn taking only workers asked and not
+        # admitted has an empty one, and its start time).
+        return sc if sc.planned or sc.status.start_time else None
 
     def run_goes_on(self) -> bool:
         """The run's launcher is there and not going. Said of a job Suspended or Queued that

@@ -35,45 +35,45 @@ def victims_by_count(job: str, members: list[str], count: int) -> list[str]:
 
 
 def check_scale_in(
-    job_spec: JobSpec, members: list[str], hosts: list[str], spec: ScalerSpec
+    job_spec: JobSpec, members: list[str], hosts: list[str], spec: ScalerSpec, beyond: int = 0
 ) -> tuple[list[str], str | None]:
-    """Victims of a ScaleIn, or the reason it cannot run (then nothing is deleted)."""
+    """Victims of a ScaleIn, or the reason it cannot run (then nothing is deleted). `beyond`:
+    a queued job's workers asked for and not running; a count takes them first."""
     if spec.pod_names is not None:
         unknown = [n for n in spec.pod_names if n not in members]
         if unknown:
             return [], (
                 f"not current workers of job {job_spec.name}: {', '.join(unknown)}; nothing deleted"
             )
-        victims = list(spec.pod_names)
+        victims, removed = list(spec.pod_names), len(spec.pod_names)
     else:
         assert spec.count is not None
-        victims = victims_by_count(job_spec.name, members, spec.count)
-    left = len(members) - len(victims)
-    if left < job_spec.worker.min_replicas:
-        return [], (
-            f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
-            f"below minReplicas {job_spec.worker.min_replicas}"
-        )
-    if job_spec.gang is not None and left < job_spec.gang.min_available:
-        return [], (
-            f"removing {len(victims)} of {workers(len(members))} would leave {left}, "
-            f"below the gang's minAvailable {job_spec.gang.min_available}"
-        )
-    if hosts and not [h for h in hosts if h not in victims]:
+        victims = victims_by_count(job_spec.name, members, spec.count - min(spec.count, beyond))
+        removed = spec.count
+    size = len(members) + beyond
+    left = size - removed
+    for least, what in ((job_spec.worker.min_replicas, "minReplicas"),
+                        (job_spec.gang.min_available if job_spec.gang else 0,
+                         "the gang's minAvailable")):  # fmt: skip
+        if left < least:
+            return [], (
+                f"removing {removed} of {workers(size)} would leave {left}, below {what} {least}"
+            )
+    if hosts and victims and not [h for h in hosts if h not in victims]:
         return [], "would remove every worker in the host list; Horovod needs one to keep state"
     return by_index(job_spec.name, victims), None
 
 
-def check_scale_out(job_spec: JobSpec, members: list[str], spec: ScalerSpec) -> str | None:
+def check_scale_out(
+    job_spec: JobSpec, members: list[str], spec: ScalerSpec, beyond: int = 0
+) -> str | None:
     assert spec.count is not None
     limit, what = job_spec.worker.max_replicas, "maxReplicas"
     if limit is None or limit > job_spec.worker.limit:
         limit, what = job_spec.worker.limit, "this operator's limit of workers per job"
-    if len(members) + spec.count > limit:
-        return (
-            f"adding {spec.count} to {workers(len(members))} would exceed {what} {limit}; "
-            "nothing added"
-        )
+    size = len(members) + beyond  # a queued job's asked, not running, are of its size
+    if size + spec.count > limit:
+        return f"adding {spec.count} to {workers(size)} would exceed {what} {limit}; nothing added"
     return None
 
 

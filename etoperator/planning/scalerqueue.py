@@ -12,7 +12,13 @@ from etoperator import status as st
 from etoperator.api.statuses import ScaleOutStatus
 from etoperator.clock import parse_iso
 from etoperator.planning.draft import Draft, Members
-from etoperator.planning.rules import by_index, check_scale_in, check_scale_out, scaler_order
+from etoperator.planning.rules import (
+    by_index,
+    check_scale_in,
+    check_scale_out,
+    scaler_order,
+    workers,
+)
 from etoperator.planning.views import ScalerView
 
 
@@ -55,7 +61,7 @@ def start_one(d: Draft, m: Members, sc: ScalerView) -> Members | None:
     job_spec, spec = d.spec, sc.spec
     assert spec is not None
     if spec.kind == naming.SCALEOUT_KIND:
-        problem = check_scale_out(job_spec, list(m.members), spec)
+        problem = check_scale_out(job_spec, list(m.members), spec, d.beyond)
         if problem:
             d.fail_scaler(sc, "MaxReplicasExceeded", problem)
             return None
@@ -67,12 +73,17 @@ def start_one(d: Draft, m: Members, sc: ScalerView) -> Members | None:
         what = f"adding {', '.join(planned)}"
     else:
         hosts = by_index(job_spec.name, list(m.hosts))
-        planned, problem = check_scale_in(job_spec, list(m.members), hosts, spec)
+        planned, problem = check_scale_in(job_spec, list(m.members), hosts, spec, d.beyond)
         if problem:
             d.fail_scaler(sc, "InvalidScaleIn", problem)
             return None
         m = m.without(*planned)
-        what = f"removing {', '.join(planned)}"
+        taken = min(spec.count, d.beyond) if spec.count is not None else 0
+        d.beyond -= taken  # asked, never admitted: off the size, no pod to remove
+        parts = [f"removing {', '.join(planned)}"] if planned else []
+        if taken:
+            parts.append(f"taking {workers(taken)} asked and not admitted off its size")
+        what = "; ".join(parts)
     new = copy.deepcopy(sc.status)
     if st.is_true(new.conditions or [], "Waiting"):  # for its job to exist, or to run
         new.conditions, _ = st.set_condition(
@@ -155,7 +166,7 @@ def take_request(d: Draft, replicas: int) -> None:
         for sc in d.inp.scalers
     ):
         return  # let queued scalers run first; the difference is taken afterwards
-    delta = replicas - len(d.status.members)
+    delta = replicas - len(d.status.members) - d.beyond
     if delta == 0:
         d.accept_replicas(replicas)
         return

@@ -222,7 +222,7 @@ def drive_scale_in(d: Draft, sc: ScalerView, m: Members) -> Members:
         for v in alive
         if d.workers[v].phase == "Running" and (v in published or d.workers[v].busy is not False)
     ]
-    if not set(victims) & published and not ensure_script_ran(d, sc, victims):
+    if victims and not set(victims) & published and not ensure_script_ran(d, sc, victims):
         return m
     if draining and not timed_out(d, sc):
         assert sc.spec is not None
@@ -245,7 +245,8 @@ def drive_scale_in(d: Draft, sc: ScalerView, m: Members) -> Members:
             f"Horovod still ran on {', '.join(draining)} after {sc.spec.timeout}s; deleted anyway",
             warn=True,
         )
-    finish_scale(d, sc, f"removed {', '.join(victims)}")
+    said = f"removed {', '.join(victims)}" if victims else "no running worker removed"
+    finish_scale(d, sc, said)
     return m
 
 
