@@ -35,7 +35,7 @@ from etoperator.reconcile.queues import Queues, admitted_count, families, order,
 from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, launcher, scaler, w
 from tests.unit.test_queueing import qspec
-from tests.unit.test_replicas import World
+from tests.unit.test_replicas import World, assert_scaled, each_crash
 
 Body = dict[str, Any]
 
@@ -231,13 +231,8 @@ def test_a_crash_at_any_write_of_a_queued_job_keeps_the_quota_and_the_scale(
     assert clean.made_workloads >= 2  # the core's and a slice or the surplus
     assert clean.scalers and clean.writes > 0
     assert all(s.phase == "ScaleSucceeded" for s in clean.scalers.values()), clean.scalers
-    for k in range(1, clean.writes + 1):
-        wd = make()
-        wd.crash_at = k
-        wd.settle()
-        assert len(wd.members()) == expected, f"crash at write {k}: {wd.members()}"
-        assert wd.replicas == replicas, f"crash at write {k}: spec replicas {wd.replicas}"
-        assert all(s.phase == "ScaleSucceeded" for s in wd.scalers.values()), (k, wd.scalers)
+    for k, wd in each_crash(make, clean.writes):
+        assert_scaled(wd, k, expected, replicas)
         workers = [p for p in wd.pods.values() if p.role == "worker"]
         assert wd.admitted() == len(workers), f"crash at write {k}: quota held for nothing"
         live = [b["metadata"]["name"] for b in wd.live()]

@@ -4,10 +4,10 @@ writes in the reconciler's order and may stop after any one of them, as a SIGKIL
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -175,19 +175,33 @@ SCENARIOS: dict[str, tuple[Callable[[], World], int]] = {
 }
 
 
+W = TypeVar("W", bound=World)
+
+
+def each_crash(make: Callable[[], W], writes: int) -> Iterator[tuple[int, W]]:
+    """The world, settled after a crash at each of the `writes` a clean run made, in turn."""
+    for k in range(1, writes + 1):
+        wd = make()
+        wd.crash_at = k
+        wd.settle()
+        yield k, wd
+
+
+def assert_scaled(wd: World, k: int, members: int, replicas: int) -> None:
+    """The scale done as asked, its scalers succeeded, after a crash at write `k`."""
+    assert len(wd.members()) == members, f"crash at write {k}: {wd.members()}"
+    assert wd.replicas == replicas, f"crash at write {k}: spec replicas {wd.replicas}"
+    assert all(s.phase == "ScaleSucceeded" for s in wd.scalers.values()), (k, wd.scalers)
+
+
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_a_crash_at_any_write_never_undoes_a_scale(scenario: str) -> None:
     make, expected = SCENARIOS[scenario]
     clean = make()
     clean.settle()
     assert len(clean.members()) == expected and clean.replicas == expected
-    for k in range(1, clean.writes + 1):
-        wd = make()
-        wd.crash_at = k
-        wd.settle()
-        assert len(wd.members()) == expected, f"crash at write {k}: {wd.members()}"
-        assert wd.replicas == expected, f"crash at write {k}: spec replicas {wd.replicas}"
-        assert all(s.phase == "ScaleSucceeded" for s in wd.scalers.values()), (k, wd.scalers)
+    for k, wd in each_crash(make, clean.writes):
+        assert_scaled(wd, k, expected, expected)
         assert len(wd.made) <= len(clean.made), f"crash at write {k}: made {wd.made}"
 
 
