@@ -14,6 +14,7 @@ from etoperator.api.models import JobSpec
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import runtimes
 from etoperator.clock import iso, parse_iso
+from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload, UpdateWorkload
 from etoperator.planning.phases import Happened, next_phase
 from etoperator.planning.rules import by_index, lone_host_waits
 from etoperator.planning.views import JobInput, Plan, ScalerView
@@ -252,6 +253,33 @@ class Draft:
         """The names a run that never started took are free again (its first pass named
         them, then the job was queued before any pod was made)."""
         self.status.last_worker_index = (self.status.run_start_index or 0) - 1
+
+    def to_kueue(self, write: DeleteWorkload | MakeWorkload) -> None:
+        """A Workload made or deleted: once a pass (a second of a name replaces the first)."""
+        same = [w for w in self.plan.queue_writes if type(w) is type(write)]
+        gone = [w for w in same if getattr(w, "name", None) == write.name]
+        self.plan.queue_writes = [*(w for w in self.plan.queue_writes if w not in gone), write]
+
+    def update_workload(
+        self,
+        core: bool,
+        resize: int | None = None,
+        activate: bool | None = None,
+        condition: tuple[str, str, str, str] | None = None,
+        release: str = "",
+    ) -> None:
+        """A family's current Workload brought up to date: one write a pass, a later value
+        of a field over an earlier one, conditions added."""
+        old = self.plan.updated(core)
+        new = UpdateWorkload(
+            core,
+            resize if resize is not None else old.resize,
+            activate if activate is not None else old.activate,
+            old.conditions + ((condition,) if condition else ()),
+            release or old.release,
+        )
+        kept = [w for w in self.plan.queue_writes if w != old]
+        self.plan.queue_writes = [*kept, new]
 
     def active_scaler(self) -> ScalerView | None:
         ref = naming.parse_scaler_ref(str(self.status.current_scaler or ""))

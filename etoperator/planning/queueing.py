@@ -13,6 +13,7 @@ from etoperator import status as st
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job
+from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload
 from etoperator.planning.rules import workers
 from etoperator.planning.surplus import (
     ask_more,
@@ -43,7 +44,8 @@ def hold_for_queue(d: Draft) -> bool:
 
 
 def hold(d: Draft, q: QueueView) -> bool:
-    d.plan.delete_workloads += list(q.strays) + list(q.surplus.strays if q.surplus else ())
+    for name in (*q.strays, *(q.surplus.strays if q.surplus else ())):
+        d.to_kueue(DeleteWorkload(name))
     if not q.served:
         why = (
             f"labelled {naming.LABEL_QUEUE}={q.queue}, but this cluster serves no Kueue API "
@@ -59,21 +61,21 @@ def hold(d: Draft, q: QueueView) -> bool:
     if not q.workload and d.run_goes_on():
         if not was_admitted(d):
             return queued_while_running(d, q)
-        d.plan.make_workload = wl.core_workers(d.spec)
+        make_core(d)
         why = (
             "its Workload was deleted while it ran: no admission holds its pods, so it stops "
             "and queues again with a new one (as Kueue's own integrations do)"
         )
         return wait(d, "WorkloadDeleted", why, warn=True)
     if not q.workload:
-        d.plan.make_workload = wl.core_workers(d.spec)
+        make_core(d)
         if q.unmade:
             d.plan.requeue = min(d.plan.requeue, UNMADE_RETRY)
             why = f"its Workload could not be made (is Kueue running?): {q.unmade}"
             return wait(d, "KueueNotAnswering", why, warn=True)
         return wait(d, QUEUED, f"queued in {q.queue}: its Workload is being made")
     if not q.active:
-        d.plan.activate_workload = True  # resumed: back in the queue
+        d.update_workload(True, activate=True)  # resumed: back in the queue
     if q.evicted and q.reserved:
         return evicted(d, q)
     if not q.admitted:
@@ -86,6 +88,12 @@ def hold(d: Draft, q: QueueView) -> bool:
         d.plan.requeue = min(d.plan.requeue, 2.0)
     d.plan.placement = dict(q.placement)
     return False
+
+
+def make_core(d: Draft) -> None:
+    """The job's core Workload: the launcher and its minimum of workers."""
+    name = naming.workload_name(d.spec.name, d.spec.uid)
+    d.to_kueue(MakeWorkload(name, wl.core_workers(d.spec), None, False))
 
 
 def was_admitted(d: Draft) -> bool:
@@ -131,7 +139,7 @@ def admission_lost(d: Draft, q: QueueView) -> bool:
     why = f"Kueue finished its Workload {q.workload} for a slice that is gone ({q.finished})"
     wait(d, "AdmissionLost", f"{why}; queued again", warn=True)
     if not d.inp.pods:
-        d.plan.delete_workloads.append(q.workload)  # the next pass makes a new one
+        d.to_kueue(DeleteWorkload(q.workload))  # the next pass makes a new one
     else:
         d.come_back("the pods of a job that lost its admission are going")
     return True
@@ -147,7 +155,7 @@ def evicted(d: Draft, q: QueueView) -> bool:
 
 def release(d: Draft, q: QueueView) -> None:
     if q.reserved and q.evicted and not d.inp.pods:
-        d.plan.release_admission = q.evicted_reason or "Evicted"
+        d.update_workload(True, release=q.evicted_reason or "Evicted")
     elif q.reserved and q.evicted:
         d.come_back("an evicted job's pods are going")
 
@@ -160,7 +168,8 @@ def admit(d: Draft, q: QueueView) -> None:
     message = say_admitted(d, q)
     d.plan.events.append(Event("Normal", "Admitted", message))
     if q.surplus is None and d.spec.worker.replicas > q.workers:
-        d.plan.make_surplus = d.spec.worker.replicas - q.workers
+        need = d.spec.worker.replicas - q.workers
+        d.to_kueue(MakeWorkload(wl.surplus_name(d.spec), need, None, True))
 
 
 def say_admitted(d: Draft, q: QueueView) -> str:
@@ -186,7 +195,7 @@ def follow_spec(d: Draft, q: QueueView) -> None:
     """`kubectl scale` of a queued job: its Workload asks for the new size."""
     replicas = d.spec.worker.replicas
     if wl.core_workers(d.spec) != q.workers and not q.reserved:
-        d.plan.resize_workload = wl.core_workers(d.spec)
+        d.update_workload(True, resize=wl.core_workers(d.spec))
     d.accept_replicas(replicas)
 
 
@@ -197,7 +206,7 @@ def suspended(d: Draft) -> None:
     if q is None or not q.served or not q.workload or q.finished:
         return
     if q.active:
-        d.plan.activate_workload = False
+        d.update_workload(True, activate=False)
     release(d, q)
     drop_surplus(d, q)
 
@@ -209,7 +218,7 @@ def finished(d: Draft) -> None:
     if q is None or not q.served or not q.workload:
         return
     if q.growing:
-        d.plan.delete_workloads.append(q.growing)
+        d.to_kueue(DeleteWorkload(q.growing))
     if q.surplus is not None and not going_pods(d):
         drop_surplus(d, q)
     if not q.finished:
@@ -220,8 +229,8 @@ def finished(d: Draft) -> None:
         ok = d.phase == st.SUCCEEDED
         cond = st.condition(d.status.conditions or [], st.SUCCEEDED if ok else st.FAILED) or {}
         message = str(cond.get("message") or d.phase)
-        d.plan.workload_conditions.append(
-            ("Finished", "True", "Succeeded" if ok else "Failed", message)
+        d.update_workload(
+            True, condition=("Finished", "True", "Succeeded" if ok else "Failed", message)
         )
 
 
@@ -268,11 +277,11 @@ def ask_to_grow(d: Draft, sc: ScalerView) -> None:
     if need <= 0 or (s is not None and name in (s.workload, s.growing)):
         return
     if s is None:
-        d.plan.make_slice = (name, need, "")
+        d.to_kueue(MakeWorkload(name, need, "", True))
         return
     if s.growing:
-        d.plan.delete_workloads.append(s.growing)  # a slice no scale waits for
-    d.plan.make_slice = (name, need, s.workload)
+        d.to_kueue(DeleteWorkload(s.growing))  # a slice no scale waits for
+    d.to_kueue(MakeWorkload(name, need, s.workload, True))
 
 
 def held_by_quota(d: Draft) -> set[str]:
@@ -299,9 +308,8 @@ def settle(d: Draft) -> None:
         return
     say_admitted(d, q)
     if not q.pods_ready:
-        d.plan.workload_conditions.append(
-            ("PodsReady", "True", "PodsReady", "the launcher runs and its workers are ready")
-        )
+        ready = ("PodsReady", "True", "PodsReady", "the launcher runs and its workers are ready")
+        d.update_workload(True, condition=ready)
     release_reclaimed(d, q)
     active = d.active_scaler()
     wanted_slice = slice_name(d, active) if active is not None else ""
@@ -317,7 +325,7 @@ def settle(d: Draft) -> None:
             give_back(d, q, wanted)
     for family in (q, q.surplus):
         if family is not None and family.growing and family.growing != wanted_slice:
-            d.plan.delete_workloads.append(family.growing)
+            d.to_kueue(DeleteWorkload(family.growing))
 
 
 def going_pods(d: Draft) -> bool:

@@ -13,6 +13,7 @@ from datetime import datetime
 from etoperator import naming
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft
+from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload
 from etoperator.planning.views import PodView, QueueView
 from etoperator.status import Event
 
@@ -31,7 +32,8 @@ def drop_surplus(d: Draft, q: QueueView) -> None:
     if live_workers(d):
         d.come_back("the workers of a stopped job are going (its surplus quota is freed after)")
         return
-    d.plan.delete_workloads += [n for n in (s.workload, s.growing) if n]
+    for name in (n for n in (s.workload, s.growing) if n):
+        d.to_kueue(DeleteWorkload(name))
 
 
 def grows(q: QueueView) -> bool:
@@ -43,22 +45,22 @@ def ask_more(d: Draft, q: QueueView, wanted: int) -> str:
     count raised while queued, or a slice once admitted with fewer); the slice's name."""
     need, s = wanted - q.workers, q.surplus
     if s is None:
-        d.plan.make_surplus = need
+        d.to_kueue(MakeWorkload(wl.surplus_name(d.spec), need, None, True))
         return ""
     if s.finished and not s.handing_over:
-        d.plan.delete_workloads.append(s.workload)  # ended by Kueue: a new one next pass
+        d.to_kueue(DeleteWorkload(s.workload))  # ended by Kueue: a new one next pass
         return ""
     if s.evicted:  # asked again as it was once its admission is given back
         return ""
     if not s.reserved:
         if s.workers != need:
-            d.plan.resize_surplus = need
+            d.update_workload(False, resize=need)
         return ""
     if s.admitted_workers >= need:
         return ""
     name = f"{naming.workload_name(d.spec.name, d.spec.uid)}-grow-{wanted}"
     if s.growing != name:
-        d.plan.make_slice = (name, need, s.workload)
+        d.to_kueue(MakeWorkload(name, need, s.workload, True))
     return name
 
 
@@ -77,9 +79,9 @@ def give_back(d: Draft, q: QueueView, wanted: int) -> None:
     if live_workers(d) > q.workers + need:
         d.come_back("workers removed are going (their quota is given back after)")
     elif need == 0:
-        d.plan.delete_workloads.append(s.workload)
+        d.to_kueue(DeleteWorkload(s.workload))
     else:
-        d.plan.resize_surplus = need
+        d.update_workload(False, resize=need)
 
 
 def release_reclaimed(d: Draft, q: QueueView) -> None:
@@ -95,7 +97,7 @@ def release_reclaimed(d: Draft, q: QueueView) -> None:
         if left is not None:
             d.plan.requeue = min(d.plan.requeue, max(left, 0.5))
     else:
-        d.plan.release_surplus = s.evicted_reason or "Evicted"
+        d.update_workload(False, release=s.evicted_reason or "Evicted")
 
 
 def reclaimed(views: list[PodView], q: QueueView | None) -> set[str]:
@@ -146,7 +148,7 @@ def shrink(d: Draft, count: int) -> None:
     if live_workers(d) > count:
         d.come_back("workers removed are going (their quota is given back after)")
     else:
-        d.plan.resize_workload = count
+        d.update_workload(True, resize=count)
 
 
 def live_workers(d: Draft) -> int:

@@ -10,6 +10,7 @@ from etoperator.api.models import JobSpec
 from etoperator.api.scalers import ScalerSpec
 from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus
 from etoperator.builders.common import Placement
+from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload, QueueWrite, UpdateWorkload
 from etoperator.status import Event
 
 
@@ -206,22 +207,10 @@ class Plan:
     # (scaler, record, over): scripts marked started that this pass did not see end: ask the
     # launcher's record (`over`: past its timeout, so a run not recorded will never end).
     check_scripts: list[tuple[tuple[str, str], str, bool]] = field(default_factory=list)
-    # Kueue (queueing.py), written after the pods are acted on: the Workload to make (its
-    # worker count), a slice to grow it (name, workers), Workloads to delete, the current one's
-    # new worker count and spec.active, conditions to set on it, and whether its admission is
-    # given back (after an eviction, once no pod is left).
-    make_workload: int | None = None
-    # (name, workers, the Workload it replaces: "" for a new surplus with no minCount)
-    make_slice: tuple[str, int, str] | None = None
-    make_surplus: int | None = None  # the surplus Workload's workers (minCount 1)
-    resize_surplus: int | None = None
-    release_surplus: str = ""  # the surplus's eviction reason, when its admission is given back
     surplus_workers: list[int] = field(default_factory=list)  # of create_workers
-    delete_workloads: list[str] = field(default_factory=list)
-    resize_workload: int | None = None
-    activate_workload: bool | None = None
-    workload_conditions: list[tuple[str, str, str, str]] = field(default_factory=list)
-    release_admission: str = ""  # the eviction's reason, when given back
+    # Kueue's writes (kueuewrites.py), as the steps emit them: made after the pods are acted
+    # on. Read through the properties below (the executor, the tests).
+    queue_writes: list[QueueWrite] = field(default_factory=list)
     make_gang: bool = False  # the Workload and PodGroup of a gang job, before its workers
     # The basics made first: the job's Secret and ConfigMap (when missing), the launcher's
     # account, Role and binding (kind, name) and its Role's rules brought up to date.
@@ -230,3 +219,34 @@ class Plan:
     make_access: tuple[tuple[str, str], ...] = ()
     update_role: bool = False
     placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates
+
+    def made(self, surplus: bool, slice_: bool) -> MakeWorkload | None:
+        """The core, the surplus or a slice (`replacing` set) this pass makes."""
+        made = [w for w in self.queue_writes if isinstance(w, MakeWorkload)]
+        kind = [w for w in made if w.surplus == surplus and (w.replacing is not None) == slice_]
+        return kind[0] if kind else None
+
+    def updated(self, core: bool) -> UpdateWorkload:
+        found = [w for w in self.queue_writes if isinstance(w, UpdateWorkload) and w.core == core]
+        return found[0] if found else UpdateWorkload(core)
+
+    @property
+    def delete_workloads(self) -> list[str]:
+        return [w.name for w in self.queue_writes if isinstance(w, DeleteWorkload)]
+
+    @property
+    def make_workload(self) -> int | None:
+        """The core Workload to make: its workers."""
+        made = self.made(False, False)
+        return made.workers if made else None
+
+    @property
+    def make_surplus(self) -> int | None:
+        made = self.made(True, False)
+        return made.workers if made else None
+
+    @property
+    def make_slice(self) -> tuple[str, int, str] | None:
+        """(name, workers, the Workload it replaces: "" for a new surplus asked whole)"""
+        made = self.made(True, True)
+        return (made.name, made.workers, made.replacing or "") if made else None

@@ -12,7 +12,7 @@ or a 409 between any two writes harmless:
   workers that join it; the host list before any pod is deleted (Horovod never lists a pod
   that is going); deletes; the workers' Services and pods; the launcher; the replicas scalers
   `kubectl scale` asked for; last the Kueue Workload writes (after the pods, so a shrink gives
-  its quota back once done).
+  its quota back once done), which the steps emit themselves (kueuewrites.py).
 Off the list by design: Events (the recorder posts them after the writes they tell of),
 scaler scripts (run on the launcher, recorded there; reconcile/scripts.py), and the making of
 the launcher's access, which MakeLauncherAccess hands to a pool of its own (a Role or binding
@@ -27,6 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from etoperator.api.statuses import JobStatus, ScalerStatus
+from etoperator.planning.kueuewrites import (
+    DeleteWorkload,
+    DropWorkloads,
+    MakeWorkload,
+    UpdateWorkload,
+)
 from etoperator.planning.views import Plan
 
 
@@ -105,42 +111,10 @@ class MakeScaler:
 
 
 @dataclass(frozen=True)
-class DropWorkloads:
-    """Every Workload of a job whose queue label was removed (it runs outside any queue)."""
-
-
-@dataclass(frozen=True)
-class DeleteWorkload:
-    name: str
-
-
-@dataclass(frozen=True)
-class MakeWorkload:
-    name: str
-    workers: int
-    replacing: str | None  # a slice: the Workload it replaces
-    surplus: bool  # the workers above the job's core (minCount 1, a priority lower)
-
-
-@dataclass(frozen=True)
-class UpdateWorkload:
-    """A family's current Workload (the core's or the surplus's): its count and activity
-    (spec), then conditions set and the admission given back (status)."""
-
-    core: bool
-    resize: int | None = None
-    activate: bool | None = None
-    conditions: tuple[tuple[str, str, str, str], ...] = ()
-    release: str = ""  # the eviction's reason, when the admission is given back
-
-
-@dataclass(frozen=True)
 class Queueing:
-    """A queued job's Workload names, or (`labelled` False) a job whose queue label went."""
+    """A job in a queue or with Workloads: `labelled` False, its queue label went."""
 
     labelled: bool
-    core: str = ""
-    surplus: str = ""
 
 
 Write = (
@@ -215,22 +189,10 @@ def emitted(plan: Plan, old_status: JobStatus, queue: Queueing | None) -> list[W
 
 
 def queue_writes(plan: Plan, q: Queueing) -> list[Write]:
-    """Kueue's, last: deletes first (a slice replaced by another goes), then what is made,
-    then the families' current Workloads."""
+    """Kueue's, as the steps emitted them; a job whose queue label went drops them all."""
     if not q.labelled:
         return [DropWorkloads()]
-    writes: list[Write] = [DeleteWorkload(name) for name in plan.delete_workloads]
-    if plan.make_workload is not None:
-        writes.append(MakeWorkload(q.core, plan.make_workload, None, False))
-    if plan.make_surplus is not None:
-        writes.append(MakeWorkload(q.surplus, plan.make_surplus, None, True))
-    if plan.make_slice is not None:
-        name, workers, replacing = plan.make_slice
-        writes.append(MakeWorkload(name, workers, replacing, True))
-    core = UpdateWorkload(True, plan.resize_workload, plan.activate_workload,
-                          tuple(plan.workload_conditions), plan.release_admission)  # fmt: skip
-    surplus = UpdateWorkload(False, plan.resize_surplus, None, (), plan.release_surplus)
-    return writes + [u for u in (core, surplus) if u != UpdateWorkload(u.core)]
+    return list(plan.queue_writes)
 
 
 class Stage(enum.IntEnum):

@@ -21,13 +21,17 @@ from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.clock import iso
 from etoperator.kube import AlreadyExists, Conflict, Kube
+from etoperator.planning.kueuewrites import (
+    DeleteWorkload,
+    DropWorkloads,
+    MakeWorkload,
+    UpdateWorkload,
+)
 from etoperator.planning.scaling import SCRIPT_EXECUTED
 from etoperator.planning.views import Plan
 from etoperator.planning.writes import (
     AdoptScaler,
     DeletePod,
-    DeleteWorkload,
-    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -35,14 +39,12 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    MakeWorkload,
     OffPass,
     OrphanScalerStatus,
     ScalerStatusWrite,
     ScriptCondition,
     SpecReplicas,
     UpdateLauncherRole,
-    UpdateWorkload,
     WorkerObjects,
     Write,
 )

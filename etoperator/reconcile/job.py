@@ -21,7 +21,6 @@ from etoperator import status as st
 from etoperator.api.fields import DEFAULT_MAX_WORKERS
 from etoperator.api.statuses import JobStatus
 from etoperator.builders import config
-from etoperator.builders import workload as wl
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
@@ -294,8 +293,7 @@ class JobReconciler:
         spec = inp.spec
         queue = None
         if spec is not None and (spec.queue or obs.workloads):
-            queue = Queueing(bool(spec.queue), naming.workload_name(spec.name, spec.uid),
-                             wl.surplus_name(spec))  # fmt: skip
+            queue = Queueing(bool(spec.queue))
         writes = ordered(plan, inp.status, spec is not None and not inp.hold, queue)
         p = Pass(obs, spec, plan, obs.job)
         p.scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}

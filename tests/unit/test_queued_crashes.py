@@ -22,13 +22,15 @@ from etoperator.builders import workload as wl
 from etoperator.builders.common import Owner
 from etoperator.clock import iso
 from etoperator.planning import JobInput, surplus
-from etoperator.planning.writes import (
+from etoperator.planning.kueuewrites import (
     DeleteWorkload,
     DropWorkloads,
-    MakeLauncher,
     MakeWorkload,
-    Queueing,
     UpdateWorkload,
+)
+from etoperator.planning.writes import (
+    MakeLauncher,
+    Queueing,
     Write,
 )
 from etoperator.reconcile.queues import Queues, admitted_count, families, order, read_queue
@@ -56,7 +58,7 @@ class QueuedWorld(World):
         return dataclasses.replace(super().observe(), spec=self.spec(), pods=views, queue=q)
 
     def queueing(self) -> Queueing | None:
-        return Queueing(True, naming.workload_name("j", "u"), wl.surplus_name(self.spec()))
+        return Queueing(True)
 
     def spec(self) -> JobSpec:
         return qspec(replicas=self.replicas, minReplicas=self.min_replicas,

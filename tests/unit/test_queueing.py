@@ -111,7 +111,7 @@ def test_shrunk_below_what_it_holds_the_workload_gives_quota_back() -> None:
     spec = qspec(replicas=1)
     q = dataclasses.replace(ADMITTED, workers=2)
     plan = plan_job(queued(spec, running_status([0]), [w(0), launcher()], q))
-    assert plan.resize_workload == 1
+    assert plan.updated(True).resize == 1
 
 
 def test_evicted_the_pods_go_then_the_admission_is_given_back() -> None:
@@ -124,11 +124,13 @@ def test_evicted_the_pods_go_then_the_admission_is_given_back() -> None:
     assert plan.delete_pods == ["j-launcher"]  # first: its preStop asks for a save
     workers = plan_job(queued(spec, plan.status, [w(0), w(1)], q))
     assert workers.delete_pods == ["j-worker-0", "j-worker-1"] == workers.stop_now
-    assert plan.release_admission == workers.release_admission == ""  # not while a pod is left
+    assert (
+        plan.updated(True).release == workers.updated(True).release == ""
+    )  # not while a pod is left
     assert plan.status.phase == "Queued"
     assert cond(plan.status, "Queued")["reason"] == "Evicted"
     later = plan_job(queued(spec, plan.status, [], q))
-    assert later.release_admission == "Preempted"
+    assert later.updated(True).release == "Preempted"
 
 
 def test_without_kueue_the_job_says_so_and_starts_nothing() -> None:
@@ -144,20 +146,20 @@ def test_an_ended_job_finishes_its_workload_once_its_pods_are_gone() -> None:
     plan = plan_job(queued(spec, running_status([0, 1]), pods, ADMITTED))
     assert plan.status.phase == "Succeeded"
     assert sorted(plan.delete_pods) == ["j-worker-0", "j-worker-1"]
-    assert plan.workload_conditions == []  # Kueue would free quota its pods still use
+    assert plan.updated(True).conditions == ()  # Kueue would free quota its pods still use
     going = [dataclasses.replace(w(0), deleting=True), launcher("Succeeded")]
-    assert plan_job(queued(spec, plan.status, going, ADMITTED)).workload_conditions == []
+    assert plan_job(queued(spec, plan.status, going, ADMITTED)).updated(True).conditions == ()
     later = plan_job(queued(spec, plan.status, [launcher("Succeeded")], ADMITTED))
-    assert [c[:3] for c in later.workload_conditions] == [("Finished", "True", "Succeeded")]
+    assert [c[:3] for c in later.updated(True).conditions] == [("Finished", "True", "Succeeded")]
 
 
 def test_a_scale_in_gives_quota_back_once_its_victim_is_gone() -> None:
     spec = qspec(replicas=1)
     q = dataclasses.replace(ADMITTED, workers=2)
     going = [w(0), dataclasses.replace(w(1), deleting=True), launcher()]
-    assert plan_job(queued(spec, running_status([0]), going, q)).resize_workload is None
+    assert plan_job(queued(spec, running_status([0]), going, q)).updated(True).resize is None
     gone = plan_job(queued(spec, running_status([0]), [w(0), launcher()], q))
-    assert gone.resize_workload == 1
+    assert gone.updated(True).resize == 1
 
 
 def test_a_lost_worker_is_replaced_only_once_its_pod_is_gone() -> None:
@@ -276,14 +278,14 @@ def test_a_surplus_kueue_takes_back_leaves_gracefully_and_grows_back_when_readmi
     assert plan.hosts == ["j-worker-0", "j-worker-1"]
     assert plan.delete_pods == [] and plan.create_workers == []  # Horovod is still on them
     assert plan.spec_replicas is None and plan.status.phase == "Running"  # no restart
-    assert plan.release_surplus == ""
+    assert plan.updated(False).release == ""
     reasons = [e.reason for e in plan.events]
     assert "QuotaReclaimed" in reasons and "WorkerLost" not in reasons
     left = [w(0), w(1), w(2, surplus=True, busy=False), w(3, surplus=True, busy=False), launcher()]
     drained = plan_job(queued(spec, plan.status, reclaiming(left, taken), taken))
     assert sorted(drained.delete_pods) == ["j-worker-2", "j-worker-3"]
     gone = plan_job(queued(spec, plan.status, [w(0), w(1), launcher()], taken))
-    assert gone.release_surplus == "Preempted" and gone.spec_replicas is None
+    assert gone.updated(False).release == "Preempted" and gone.spec_replicas is None
     back = dataclasses.replace(core, surplus=extra(2, 2))
     grown = plan_job(queued(spec, gone.status, [w(0), w(1), launcher()], back))
     assert grown.create_workers == [4, 5] and grown.surplus_workers == [4, 5]
@@ -305,13 +307,13 @@ def test_a_scale_in_lowers_the_surplus_then_removes_it() -> None:
     q = dataclasses.replace(ADMITTED, workers=2, surplus=extra(2, 2))
     pods = [w(0), w(1), w(2), launcher()]
     plan = plan_job(queued(spec, running_status([0, 1, 2], acceptedReplicas=3), pods, q))
-    assert plan.resize_surplus == 1 and plan.resize_workload is None
+    assert plan.updated(False).resize == 1 and plan.updated(True).resize is None
     spec = qspec(replicas=2, minReplicas=2)
     going = [w(0), w(1), dataclasses.replace(w(2), deleting=True), launcher()]
     status = running_status([0, 1], acceptedReplicas=2)
     assert "wl-surplus" not in plan_job(queued(spec, status, going, q)).delete_workloads
     gone = plan_job(queued(spec, status, [w(0), w(1), launcher()], q))
-    assert gone.delete_workloads == ["wl-surplus"] and gone.resize_workload is None
+    assert gone.delete_workloads == ["wl-surplus"] and gone.updated(True).resize is None
 
 
 def test_a_job_evicted_whole_drops_its_surplus_once_its_pods_are_gone() -> None:
@@ -321,7 +323,7 @@ def test_a_job_evicted_whole_drops_its_surplus_once_its_pods_are_gone() -> None:
     plan = plan_job(queued(spec, running_status([0, 1, 2]), pods, q))
     assert plan.status.phase == "Queued" and plan.delete_workloads == []
     later = plan_job(queued(spec, plan.status, [], q))
-    assert later.delete_workloads == ["wl-surplus"] and later.release_admission == "Preempted"
+    assert later.delete_workloads == ["wl-surplus"] and later.updated(True).release == "Preempted"
 
 
 def test_a_reclaimed_worker_whose_drain_cannot_be_told_goes_at_the_bound() -> None:

@@ -7,11 +7,16 @@ from collections.abc import Sequence
 
 from etoperator.api.statuses import JobStatus, ScaleInStatus
 from etoperator.planning import Plan
+from etoperator.planning.draft import Draft
+from etoperator.planning.kueuewrites import (
+    DeleteWorkload,
+    DropWorkloads,
+    MakeWorkload,
+    UpdateWorkload,
+)
 from etoperator.planning.writes import (
     AdoptScaler,
     DeletePod,
-    DeleteWorkload,
-    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -19,14 +24,13 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    MakeWorkload,
     Queueing,
     ScalerStatusWrite,
     SpecReplicas,
-    UpdateWorkload,
     WorkerObjects,
     ordered,
 )
+from tests.unit.test_planning import inp, jspec
 
 EVERYTHING = Plan(
     status=JobStatus(phase="Running"),
@@ -45,16 +49,16 @@ EVERYTHING = Plan(
     make_config_map=True,
     make_access=(("ServiceAccount", "j-launcher"), ("Role", "j-launcher")),
     update_role=True,
-    delete_workloads=["w-grow-3"],
-    make_workload=2,
-    make_surplus=1,
-    make_slice=("w-grow-4", 2, "w-surplus"),
-    resize_workload=2,
-    activate_workload=True,
-    workload_conditions=[("Finished", "True", "Succeeded", "done")],
-    release_surplus="Preempted",
+    queue_writes=[  # as the steps emit them: the executor's order is not theirs
+        MakeWorkload("w-grow-4", 2, "w-surplus", True),
+        UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
+        MakeWorkload("w", 2, None, False),
+        DeleteWorkload("w-grow-3"),
+        UpdateWorkload(False, None, None, (), "Preempted"),
+        MakeWorkload("w-surplus", 1, None, True),
+    ],
 )
-QUEUE = Queueing(True, "w", "w-surplus")
+QUEUE = Queueing(True)
 
 
 def kinds(writes: Sequence[object]) -> list[str]:
@@ -86,9 +90,9 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     # Kueue's last (after the pods: a shrink gives its quota back once done), deletes first.
     assert writes[11:] == [
         DeleteWorkload("w-grow-3"),
+        MakeWorkload("w-grow-4", 2, "w-surplus", True),
         MakeWorkload("w", 2, None, False),
         MakeWorkload("w-surplus", 1, None, True),
-        MakeWorkload("w-grow-4", 2, "w-surplus", True),
         UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
         UpdateWorkload(False, None, None, (), "Preempted"),
     ]
@@ -100,10 +104,18 @@ def test_a_job_whose_queue_label_went_drops_its_workloads_and_nothing_else() -> 
     assert writes[-1] == DropWorkloads()
 
 
-def test_a_family_with_nothing_to_change_gets_no_write() -> None:
-    plan = Plan(status=JobStatus(), resize_workload=3)
-    writes = ordered(plan, JobStatus(), pods=True, queue=QUEUE)
-    assert [w for w in writes if isinstance(w, UpdateWorkload)] == [UpdateWorkload(True, 3)]
+def test_a_family_s_changes_are_one_write_and_a_family_with_none_gets_none() -> None:
+    d = Draft(inp(jspec(), {}, []))
+    ready = ("PodsReady", "True", "PodsReady", "ready")
+    d.update_workload(True, resize=2)
+    d.update_workload(True, resize=3, condition=ready)
+    d.to_kueue(MakeWorkload("w-surplus", 1, None, True))
+    d.to_kueue(MakeWorkload("w-surplus", 2, None, True))  # the pass's last word
+    writes = ordered(d.plan, JobStatus(), pods=True, queue=QUEUE)
+    assert [w for w in writes if isinstance(w, UpdateWorkload | MakeWorkload)] == [
+        MakeWorkload("w-surplus", 2, None, True),
+        UpdateWorkload(True, 3, None, (ready,), ""),
+    ]
 
 
 def test_a_status_as_read_is_not_written_again() -> None:
