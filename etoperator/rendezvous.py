@@ -15,8 +15,7 @@ job's own image (it needs torch, which the workers' image has) in two ways (docs
   SIGTERM then ends the agent. A save REQUEST newer than the agent: the whole run stops, and
   there is nothing to leave. Its lines go to the container's log.
 
-State edits go through torch's own backend with its compare-and-set token, as its agents' do;
-a lost race is tried again at the next tick."""
+State edits go through torch's backend with its compare-and-set token, as its agents' do."""
 
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ LEFT = "etoperator/left/"
 STOPPING = "etoperator/stopping"  # set once the run stops: a leave then changes nothing
 STOP_HOLD = 60.0  # seconds a save request holds the run (examples/savepoint.py HOLD_MOST)
 LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before going anyway
+HANDED = 5.0  # seconds the hook waits for its agent's own ask before it asks too
 MARKER_ADDR = "etoperator.planned-change"
 HOLD = signal.SIGUSR2  # our agent holds at it (torchagent.HOLD)
 AGENT = "torchagent.py"  # our agent, beside this file
@@ -222,7 +222,8 @@ def leave(request: str = "-") -> int:
     say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
     start = time.monotonic()
     begun = min(map(started, ours + theirs), default=time.time())
-    ask = partial(answer, asked[0]) if asked else partial(ask_to_leave, addr, endpoint)
+    handed = partial(answer_or_ask, asked[0]) if asked else None
+    ask = partial(handed or ask_to_leave, addr, endpoint)
     try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
         said = bounded(ask, LEAVE_WAIT + 10, partial(stops, request, begun))
         say(f"leave: {said} after {time.monotonic() - start:.1f} s")
@@ -241,12 +242,12 @@ def asking(pid: int) -> str:
 
 
 def hand_over(pid: int, endpoint: str) -> bool:
-    """Our agent asks the launcher itself: torch is loaded there, while this hook's Python
-    would import it first (on a busy node longer than the hook's bound). False: a container
-    that cannot write its temporary directory; the hook then asks."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(asking(pid) + ".answer")
+    """Our agent asks the launcher itself (`answer_leaves`): torch is loaded there, while
+    this hook would import it first (on a busy node longer than its bound). False: no watcher
+    of this agent's (torch still loading, a read-only /tmp): the hook asks."""
     try:
+        if os.stat(asking(pid) + ".ready").st_mtime < started(pid) - 1:
+            return False  # an earlier agent's, whose pid this one has
         with open(asking(pid), "w") as f:
             f.write(endpoint)
     except OSError:
@@ -254,9 +255,11 @@ def hand_over(pid: int, endpoint: str) -> bool:
     return True
 
 
-def answer(pid: int) -> str:
-    """What agent `pid` said its ask came to (bounded by the caller)."""
-    while True:
+def answer_or_ask(pid: int, addr: str, endpoint: str) -> str:
+    """What agent `pid` said its ask came to; if it says nothing within HANDED seconds (its
+    process starved), the hook asks too (bounded by the caller)."""
+    deadline = time.monotonic() + HANDED
+    while time.monotonic() < deadline:
         with contextlib.suppress(FileNotFoundError):
             with open(asking(pid) + ".answer") as f:
                 ok, _, said = f.read().partition(" ")
@@ -264,29 +267,31 @@ def answer(pid: int) -> str:
                 raise RuntimeError(said)
             return said
         time.sleep(TICK)
+    return ask_to_leave(addr, endpoint) + " (asked by the hook: the agent did not answer)"
 
 
-def answer_leave(loaded: bool) -> None:
-    """In a held agent (torchagent.py) that its leave handed the ask: asks the launcher to
-    take this node out and writes what came of it for the hook. `loaded`: torch is."""
-    try:
-        with open(asking(os.getpid())) as f:
-            endpoint = f.read()
-    except OSError:
-        return  # a leave that asks itself, or torchrun's own hold
+def answer_leaves() -> None:
+    """Our agent's watcher (its thread, torch loaded): asks for the leave that hands it the
+    ask, and writes what came of it. Not the hold's handler: the agent's main thread may be
+    in a long call (a store wait of its round), running no handler until it returns."""
+    path = asking(os.getpid())
+    for stale in (path, path + ".answer"):  # a pid an earlier agent had (a shared /tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
+    with open(path + ".ready", "w"):
+        pass
+    while not os.path.exists(path):
+        time.sleep(TICK)
     start = time.monotonic()
-    said = "ok nothing to leave: not in the rendezvous yet (torch loading)"
     try:
-        if loaded:
-            said = f"ok {ask_to_leave(os.environ['PET_LOCAL_ADDR'], endpoint)}"
+        with open(path) as f:
+            endpoint = f.read()
+        said = f"ok {ask_to_leave(os.environ['PET_LOCAL_ADDR'], endpoint)}"
     except Exception as failed:
-        if type(failed).__name__ == "SignalException":
-            raise  # the hook's end: the agent ends
         said = f"failed {type(failed).__name__}: {failed}"
-    took = f" (asked by the agent in {time.monotonic() - start:.1f} s)" if loaded else ""
-    with open(asking(os.getpid()) + ".part", "w") as f:
-        f.write(said + took)
-    os.replace(asking(os.getpid()) + ".part", asking(os.getpid()) + ".answer")
+    with open(path + ".part", "w") as f:
+        f.write(f"{said} (asked by the agent in {time.monotonic() - start:.1f} s)")
+    os.replace(path + ".part", path + ".answer")
 
 
 def end_agents(pids: list[int]) -> None:
@@ -376,8 +381,7 @@ def ask_to_leave(addr: str, endpoint: str) -> str:
 
 
 def stop(signum: int, _frame: object) -> None:
-    """As a container's first process the server gets no default action for SIGTERM: without
-    this it would hold its pod for the whole grace period (30 s of every suspend)."""
+    """A container's first process has no default SIGTERM action: it held its pod 30 s."""
     sys.exit(128 + signum)
 
 

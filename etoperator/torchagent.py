@@ -6,8 +6,9 @@ ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differe
   no torch import, the most of a restart on a busy node. A start method, a module or no
   Python asked for: torchrun as it is;
 - it holds where it stands at HOLD, which the worker's leave (rendezvous.py) sends: as its
-  container's first process it gets no SIGSTOP sent from inside. It then asks the launcher
-  to take its node out itself, for the leave (torch is loaded here). docs/torchrun.md.
+  container's first process it gets no SIGSTOP sent from inside. A thread of it asks the
+  launcher to take its node out when the leave hands it the ask (torch is loaded here, the
+  hook's own Python would import it). docs/torchrun.md.
 
 Not imported by the operator."""
 
@@ -19,20 +20,16 @@ import signal
 import sys
 import threading
 import time
-from functools import partial
 from typing import Any
 
 HOLD = signal.SIGUSR2  # SIGUSR1 is a common preemption signal
 
 
-LOADED = threading.Event()  # torch's agent is: a leave may be asked for
 RENDEZVOUS = "rendezvous.py"  # the leave's side, beside this file
 
 
-def hold(rendezvous: Any, _signum: int, _frame: object) -> None:
-    """The leave's hold: what it handed over asked, the main thread is parked until SIGTERM
-    raises out (heartbeats go on)."""
-    rendezvous.answer_leave(LOADED.is_set())
+def hold(_signum: int, _frame: object) -> None:
+    """The leave's hold: the main thread parked until SIGTERM raises out (heartbeats go on)."""
     while True:
         time.sleep(3600)
 
@@ -53,12 +50,13 @@ AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--n
 
 
 def agent(argv: list[str]) -> int:
-    signal.signal(HOLD, partial(hold, sibling()))  # first: a leave may come while torch loads
+    signal.signal(HOLD, hold)  # first: a leave may come while torch loads
     signal.signal(signal.SIGTERM, ended)
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    LOADED.set()
+    watcher = sibling().answer_leaves  # asks for the leave, torch loaded
+    threading.Thread(target=watcher, name="etoperator-leave", daemon=True).start()
 
     args = run.get_args_parser().parse_args(argv)
     options = argv[: len(argv) - len(args.training_script_args)]

@@ -250,7 +250,9 @@ def test_a_leave_that_sees_its_run_s_save_request_ends_though_the_launcher_hangs
     run's) does not."""
     port, tmp_path, procs = world
     request = tmp_path / "volume-request"
-    request.touch()  # an earlier run's stop: before this agent started
+    request.touch()  # an earlier run's stop, a minute before this agent started (the
+    earlier = time.time() - 60  # agent's start is read to 10 ms: not one made just after)
+    os.utime(request, (earlier, earlier))
     leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
     procs.append(leaving.proc)
     leaving.wait_for("worker started", within=120)
