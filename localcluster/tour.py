@@ -310,8 +310,8 @@ class QueueTour:
         job["metadata"]["name"], command["command"][steps] = "queued-b", "60"
         self.kubectl("create", "-f", "-", input=yaml.safe_dump(job))
         self.reach(TJ, "queued-a", "Running", 180)
-        # Kueue's words, once it has looked at queued-b.
-        wait_for(lambda: "quota" in self.said(TJ, "queued-b", "Queued"), 30, "queued-b waiting")
+        # Kueue's words, once it has looked at queued-b (over 30 s once, in the suite's CI).
+        wait_for(lambda: "quota" in self.said(TJ, "queued-b", "Queued"), 60, "queued-b waiting")
         self.say(self.kubectl("get", "tj").stdout.rstrip())
         self.say(f"queued-b waits: {self.said(TJ, 'queued-b', 'Queued')}")
         self.kubectl("create", "-f", str(QUEUES / "scale_out.yaml"))

@@ -301,8 +301,8 @@ def test_discovery_follows_changes_from_one_watch(
         watcher = int((state / "pid").read_text())
         cluster.finish(ns, "disc-worker-1", 1)
         # From the failure seen in the API (the node's kubelet takes its own time to report it:
-        # over 10 s once, beside the suite's trainings).
-        wait_for(lambda: pod_phase(cluster, ns, "disc-worker-1") == "Failed", 30, "Failed",
+        # over 10 s once, over 30 s once, beside the suite's trainings).
+        wait_for(lambda: pod_phase(cluster, ns, "disc-worker-1") == "Failed", 60, "Failed",
                  interval=0.02)  # fmt: skip
         t0 = time.monotonic()
         wait_for(
