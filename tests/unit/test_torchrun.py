@@ -215,6 +215,7 @@ def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, 
             *options, str(tmp_path / "script.py"), str(out), str(code), "x y"]  # fmt: skip
     ours = ("PET_", "OMP_NUM_THREADS")  # torchrun's flags, and what it sets for 2 processes
     env = {k: v for k, v in os.environ.items() if not k.startswith(ours)}
+    env["TMPDIR"] = str(tmp_path)  # its leave watcher's files: the test's, not the host's
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     return done.returncode, {p.name: p.read_text().strip() for p in out.iterdir()}
 
