@@ -214,7 +214,7 @@ def say(line: str) -> None:
 def leave(request: str = "-") -> int:
     addr, endpoint = os.environ["PET_LOCAL_ADDR"], os.environ["PET_RDZV_ENDPOINT"]
     ours, theirs = agents(addr)
-    asked = [pid for pid in ours if hand_over(pid, endpoint)]
+    asked = next((pid for pid in ours if hand_over(pid, endpoint)), None)  # one asks
     for pid in ours:
         os.kill(pid, HOLD)
     for pid in theirs:
@@ -222,7 +222,7 @@ def leave(request: str = "-") -> int:
     say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
     start = time.monotonic()
     begun = min(map(started, ours + theirs), default=time.time())
-    handed = partial(answer_or_ask, asked[0]) if asked else None
+    handed = partial(answer_or_ask, asked) if asked is not None else None
     ask = partial(handed or ask_to_leave, addr, endpoint)
     try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
         said = bounded(ask, LEAVE_WAIT + 10, partial(stops, request, begun))
