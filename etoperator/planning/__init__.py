@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from etoperator.planning.lifecycle import plan_job
 from etoperator.planning.orphans import plan_orphan_scaler
+from etoperator.planning.plan import Plan
 from etoperator.planning.rules import (
     check_scale_in,
     check_scale_out,
@@ -27,7 +28,7 @@ from etoperator.planning.rules import (
     script_argv,
     victims_by_count,
 )
-from etoperator.planning.views import BasicsView, JobInput, Plan, PodView, ScalerView
+from etoperator.planning.views import BasicsView, JobInput, PodView, ScalerView
 
 __all__ = [
     "BasicsView", "JobInput", "Plan", "PodView", "ScalerView", "check_scale_in", "check_scale_out",

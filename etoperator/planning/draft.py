@@ -11,13 +11,22 @@ from dataclasses import dataclass, replace
 from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
-from etoperator.api.statuses import JobStatus
+from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.builders import runtimes
 from etoperator.clock import iso, parse_iso
-from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload, UpdateWorkload
+from etoperator.planning.kinds import (
+    DeletePod,
+    DeleteWorkload,
+    HostList,
+    MakeWorkload,
+    ScalerStatusWrite,
+    SpecReplicas,
+    UpdateWorkload,
+)
 from etoperator.planning.phases import Happened, next_phase
+from etoperator.planning.plan import Plan
 from etoperator.planning.rules import by_index, lone_host_waits
-from etoperator.planning.views import JobInput, Plan, ScalerView
+from etoperator.planning.views import JobInput, ScalerView
 from etoperator.status import Event
 
 
@@ -64,6 +73,7 @@ class Draft:
         self.pending: list[str] = []  # what is in flight (then the next pass comes soon)
         self.watching: list[str] = []  # what the watches will tell of (pods starting)
         self.happened = Happened()  # what decides the phase (phases.py)
+        self.creating: list[int] = []  # workers to make, as the steps ask (complete_plan)
         # A queued job's workers asked for and not running (Kueue admitted fewer, or not
         # yet): part of its size in every scale's count (scalerqueue.py), never dropped by one.
         self.beyond = self.queued_beyond(self.status_read)
@@ -119,7 +129,7 @@ class Draft:
             result = "succeeded" if phase == st.SCALE_SUCCEEDED else "failed"
             self.plan.settled_scalers.append((sc.kind, result, f"{secs:.3f}"))
         if new != sc.status:
-            self.plan.scaler_status[sc.kind_name] = new
+            self.scaler_status(sc.kind_name, new)
         if changed:
             event = Event("Warning" if warn else "Normal", reason, message)
             self.plan.scaler_events.setdefault(sc.kind_name, []).append(event)
@@ -127,6 +137,13 @@ class Draft:
                 self.plan.events.append(
                     Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
                 )
+
+    def scaler_status(self, kind_name: tuple[str, str], new: ScalerStatus) -> None:
+        """A scaler's status as the pass writes it (one write a scaler)."""
+        write = ScalerStatusWrite(kind_name, new)
+        self.plan.emit(
+            write, lambda w: isinstance(w, ScalerStatusWrite) and w.kind_name == kind_name
+        )
 
     def fail_scaler(self, sc: ScalerView, reason: str, message: str) -> None:
         self.set_scaler_cond(sc, st.SCALE_FAILED, st.SCALE_FAILED, reason, message, warn=True)
@@ -136,7 +153,7 @@ class Draft:
             self.launcher if self.launcher and self.launcher.name == name else None
         )
         if pod is not None and not pod.deleting and name not in self.plan.delete_pods:
-            self.plan.delete_pods.append(name)
+            self.plan.emit(DeletePod(name, False))
 
     @property
     def spec(self) -> JobSpec:
@@ -157,7 +174,7 @@ class Draft:
         self.status.target_workers = list(m.members)
         self.status.current_workers = by_index(self.spec.name, list(m.hosts))
         if publish:
-            self.plan.hosts = list(self.status.current_workers)
+            self.plan.put(HostList(tuple(self.status.current_workers)))
 
     def scale_started(self, sc: ScalerView, planned: list[str]) -> None:
         """The job's running scale, written here and in `scale_ended` only: currentScaler names
@@ -208,8 +225,8 @@ class Draft:
             if saving and running:
                 continue  # until the launcher, asking for a save as it stops, is gone
             self.delete(pod.name)
-            if first and running and pod.name in self.plan.delete_pods:
-                self.plan.stop_now.append(pod.name)
+            if first and running:
+                self.plan.stop_at_once([pod.name])
         if saving:
             self.await_pods("the launcher stops first, asking the training to save")
         # The host list Horovod reads empties once the launcher is gone (complete_plan): an
@@ -231,7 +248,7 @@ class Draft:
             return
         self.status.accepted_replicas = wanted
         self.status.replicas_before = worker.replicas
-        self.plan.spec_replicas = wanted
+        self.plan.put(SpecReplicas(wanted))
 
     def accept_replicas(self, replicas: int) -> None:
         self.status.accepted_replicas = replicas
@@ -256,9 +273,9 @@ class Draft:
 
     def to_kueue(self, write: DeleteWorkload | MakeWorkload) -> None:
         """A Workload made or deleted: once a pass (a second of a name replaces the first)."""
-        same = [w for w in self.plan.queue_writes if type(w) is type(write)]
-        gone = [w for w in same if getattr(w, "name", None) == write.name]
-        self.plan.queue_writes = [*(w for w in self.plan.queue_writes if w not in gone), write]
+        self.plan.emit(
+            write, lambda w: type(w) is type(write) and getattr(w, "name", None) == write.name
+        )
 
     def update_workload(
         self,
@@ -278,8 +295,7 @@ class Draft:
             old.conditions + ((condition,) if condition else ()),
             release or old.release,
         )
-        kept = [w for w in self.plan.queue_writes if w != old]
-        self.plan.queue_writes = [*kept, new]
+        self.plan.emit(new, lambda w: w == old)
 
     def active_scaler(self) -> ScalerView | None:
         ref = naming.parse_scaler_ref(str(self.status.current_scaler or ""))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from etoperator import naming
 from etoperator import status as st
 from etoperator.planning.draft import Draft
+from etoperator.planning.kinds import MakeGang
 from etoperator.status import Event
 
 PENDING = "GangPending"
@@ -82,8 +83,8 @@ def settle(d: Draft) -> None:
     g, policy = d.inp.gang, d.spec.gang
     if g is None or policy is None:
         return
-    if d.plan.create_workers and not g.group:
-        d.plan.make_gang = True
+    if d.creating and not g.group:
+        d.plan.put(MakeGang())
     say_policy_kept(d, g.min_count, policy.min_available)
     members = [d.workers.get(n) for n in d.status.target_workers or []]
     placed = sum(1 for p in members if p is not None and p.bound)

@@ -15,9 +15,19 @@ from etoperator.clock import iso
 from etoperator.planning import gangs, queueing, surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
+from etoperator.planning.kinds import (
+    AdoptScaler,
+    HostList,
+    JobStatusWrite,
+    MakeBasics,
+    MakeLauncherAccess,
+    UpdateLauncherRole,
+    WorkerObjects,
+)
 from etoperator.planning.membership import advance_run
+from etoperator.planning.plan import Plan
 from etoperator.planning.scalerqueue import hold_scalers
-from etoperator.planning.views import JobInput, Plan
+from etoperator.planning.views import JobInput
 from etoperator.status import Event
 
 
@@ -32,6 +42,8 @@ def plan_job(inp: JobInput) -> Plan:
     elif d.status_read.phase not in st.TERMINAL:
         d.status.completion_time = d.now
     plan.status = d.status
+    if d.status != d.status_read:
+        plan.put(JobStatusWrite(d.status))
     return plan
 
 
@@ -155,10 +167,12 @@ def make_basics(d: Draft) -> None:
     if d.phase in st.TERMINAL:
         return
     have = d.inp.basics
-    d.plan.make_secret = not have.secret
-    d.plan.make_config_map = not have.config_map
-    d.plan.make_access = have.access
-    d.plan.update_role = not have.role_current
+    if not (have.secret and have.config_map):
+        d.plan.put(MakeBasics(not have.secret, not have.config_map))
+    if have.access:
+        d.plan.put(MakeLauncherAccess(have.access))
+    if not have.role_current:
+        d.plan.put(UpdateLauncherRole())
 
 
 def update_blocked(d: Draft) -> None:
@@ -216,7 +230,7 @@ def refuse_invalid(d: Draft, error: str) -> None:
 def adopt_scalers(d: Draft) -> None:
     for sc in d.inp.scalers:
         if not sc.owned and sc.phase not in st.SCALE_TERMINAL:
-            d.plan.adopt_scalers.append(sc.kind_name)
+            d.plan.emit(AdoptScaler(sc.kind_name))
 
 
 def suspend(d: Draft) -> None:
@@ -228,24 +242,23 @@ def suspend(d: Draft) -> None:
 def complete_plan(d: Draft) -> Plan:
     note_saved(d)
     if d.inp.published and not d.status.hosts and d.plan.hosts is None and not d.launcher:
-        d.plan.hosts = []  # a stopped run's list, once its launcher (and its save) is gone
+        d.plan.put(HostList(()))  # a stopped run's list, once its launcher (and its save) is gone
     job_spec = d.inp.spec
     if job_spec is not None:
         members = set(d.status.target_workers or [])
         wanted = {naming.worker_index(job_spec.name, m) for m in members}
         held = {naming.worker_index(job_spec.name, m) for m in queueing.held_by_quota(d)}
-        creating = sorted(set(d.plan.create_workers) & wanted - held)
-        d.plan.create_workers = queueing.within_admission(d, creating)
-        d.plan.surplus_workers = surplus.surplus_made(d, d.plan.create_workers)
+        creating = queueing.within_admission(d, sorted(set(d.creating) & wanted - held))
+        d.plan.surplus_workers = surplus.surplus_made(d, creating)
         keep = {
             p.name
             for p in d.workers.values()
             if not p.deleting and p.name not in d.plan.delete_pods
         }
-        keep |= {naming.worker_name(job_spec.name, i) for i in d.plan.create_workers}
+        keep |= {naming.worker_name(job_spec.name, i) for i in creating}
         if d.phase not in st.TERMINAL:
             keep |= members
-        d.plan.services = sorted(keep)
+        d.plan.put(WorkerObjects(tuple(sorted(keep)), tuple(creating)))
 
         run_pods = [
             p

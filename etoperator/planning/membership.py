@@ -10,6 +10,7 @@ from etoperator.builders import runtimes
 from etoperator.planning import surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job, restart_or_fail, succeed_job
+from etoperator.planning.kinds import MakeLauncher
 from etoperator.planning.rules import replaces, workers
 from etoperator.planning.scalerqueue import follow_replicas, start_scalers
 from etoperator.planning.scaling import drive_scale_in, drive_scale_out
@@ -168,7 +169,7 @@ def prune(d: Draft, m: Members, start: int, victims: set[str]) -> None:
     for name in m.members:
         wanted = naming.worker_index(d.spec.name, name)
         if name not in d.workers and wanted is not None:
-            d.plan.create_workers.append(wanted)
+            d.creating.append(wanted)
 
 
 def launch(
@@ -188,7 +189,8 @@ def launch(
         if d.launcher is None and m.members and ((first and made) or len(ready) == len(m.members)):
             # The host list holds the planned size: a rendezvous closes its first round there.
             m = Members(m.members, m.members)
-            d.plan.create_launcher = d.inp.basics.launcher_ready
+            if d.inp.basics.launcher_ready:
+                d.plan.put(MakeLauncher())
             if len(ready) == len(m.members):
                 say_workers_ready(d, len(m.members), event=True)
         # Woken by the pods' events, and by those of the launcher's account, Role and binding.
@@ -256,7 +258,8 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
             why = "disappeared and its restartPolicy does not recreate it"
             fail_job(d, "LauncherLost", f"launcher {name} {why}")
             return None
-        d.plan.create_launcher = launcher is None
+        if launcher is None:
+            d.plan.put(MakeLauncher())
         message = f"launcher {name} was lost; recreating it"
         d.plan.events.append(Event("Warning", "LauncherRecreated", message))
         d.come_back("the launcher is being recreated")

@@ -13,7 +13,7 @@ from etoperator import status as st
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job
-from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload
+from etoperator.planning.kinds import DeleteWorkload, MakeWorkload
 from etoperator.planning.rules import workers
 from etoperator.planning.surplus import (
     ask_more,
@@ -356,6 +356,6 @@ def grow(d: Draft, count: int) -> None:
     indices = d.new_indices(count)
     names = [naming.worker_name(job, i) for i in indices]
     d.set_members(Members(tuple(d.status.members), tuple(d.status.hosts)).adding(*names), False)
-    d.plan.create_workers.extend(indices)
+    d.creating.extend(indices)
     message = f"the queue admitted {workers(count)} more: adding {', '.join(names)}"
     d.plan.events.append(Event("Normal", "Grown", message))

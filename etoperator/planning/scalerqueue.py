@@ -12,6 +12,7 @@ from etoperator import status as st
 from etoperator.api.statuses import ScaleOutStatus
 from etoperator.clock import parse_iso
 from etoperator.planning.draft import Draft, Members
+from etoperator.planning.kinds import MakeScaler, SpecReplicas
 from etoperator.planning.rules import (
     by_index,
     check_scale_in,
@@ -69,7 +70,7 @@ def start_one(d: Draft, m: Members, sc: ScalerView) -> Members | None:
         indices = d.new_indices(spec.count)
         planned = [naming.worker_name(job_spec.name, i) for i in indices]
         m = m.adding(*planned)
-        d.plan.create_workers.extend(indices)
+        d.creating.extend(indices)
         what = f"adding {', '.join(planned)}"
     else:
         hosts = by_index(job_spec.name, list(m.hosts))
@@ -94,7 +95,7 @@ def start_one(d: Draft, m: Members, sc: ScalerView) -> Members | None:
     else:
         new.to_delete_pods = planned
     new.start_time = d.now
-    d.plan.scaler_status[sc.kind_name] = new
+    d.scaler_status(sc.kind_name, new)
     d.set_scaler_cond(sc, st.SCALE_RUNNING, st.SCALE_RUNNING, "Scaling", what)
     d.scale_started(sc, planned)
     d.set_cond(st.SCALING, "True", "Scaling", f"{sc.kind} {sc.name}: {what}")
@@ -150,7 +151,7 @@ def replicas_request(d: Draft) -> int | None:
         return None
     ours = d.inp.generation == d.status_read.observed_generation
     if spec == d.status.replicas_before and ours:
-        d.plan.spec_replicas = int(accepted)
+        d.plan.put(SpecReplicas(int(accepted)))
         return None
     if any(sc.made_for == d.inp.generation and sc.owned for sc in d.inp.scalers):
         d.accept_replicas(spec)  # its scaler exists: the request is queued like any other
@@ -177,12 +178,14 @@ def take_request(d: Draft, replicas: int) -> None:
     else:
         body["toDelete"] = {"count": -delta}
     # Accepted once seen: a crash before the create lands leaves the request standing.
-    d.plan.create_scalers.append(
-        {
-            "kind": kind,
-            "name": naming.replicas_scaler_name(job_spec.name, d.inp.generation),
-            "generation": d.inp.generation,
-            "spec": body,
-        }
+    d.plan.emit(
+        MakeScaler(
+            {
+                "kind": kind,
+                "name": naming.replicas_scaler_name(job_spec.name, d.inp.generation),
+                "generation": d.inp.generation,
+                "spec": body,
+            }
+        )
     )
     d.come_back("a scaler for kubectl scale is being made")

@@ -235,7 +235,7 @@ def drive_scale_in(d: Draft, sc: ScalerView, m: Members) -> Members:
     for v in alive:
         d.delete(v)
     if draining:
-        d.plan.stop_now.extend(draining)
+        d.plan.stop_at_once(draining)
         assert sc.spec is not None
         d.set_scaler_cond(
             sc,

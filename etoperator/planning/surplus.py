@@ -13,7 +13,7 @@ from datetime import datetime
 from etoperator import naming
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft
-from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload
+from etoperator.planning.kinds import DeleteWorkload, MakeWorkload
 from etoperator.planning.views import PodView, QueueView
 from etoperator.status import Event
 

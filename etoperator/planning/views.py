@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from etoperator.api.models import JobSpec
 from etoperator.api.scalers import ScalerSpec
 from etoperator.api.statuses import JobStatus, ScaleOutStatus, ScalerStatus
 from etoperator.builders.common import Placement
-from etoperator.planning.kueuewrites import DeleteWorkload, MakeWorkload, QueueWrite, UpdateWorkload
-from etoperator.status import Event
 
 
 @dataclass(frozen=True)
@@ -181,72 +178,3 @@ class JobInput:
     # While a ScaleOut waits for Horovod: the launcher's last lines naming its new workers.
     launcher_said: tuple[str, ...] = ()
     saved: str = ""  # the save the job's last launcher reported as its pod went (the handshake)
-
-
-@dataclass
-class Plan:
-    status: JobStatus  # the job's, as the pass writes it
-    create_workers: list[int] = field(default_factory=list)
-    delete_pods: list[str] = field(default_factory=list)
-    stop_now: list[str] = field(default_factory=list)  # of delete_pods: no wait for Horovod
-    create_launcher: bool = False
-    hosts: list[str] | None = None  # None: leave the ConfigMap as it is
-    services: list[str] = field(default_factory=list)  # worker services that should exist
-    scaler_status: dict[tuple[str, str], ScalerStatus] = field(default_factory=dict)
-    scaler_events: dict[tuple[str, str], list[Event]] = field(default_factory=dict)
-    adopt_scalers: list[tuple[str, str]] = field(default_factory=list)
-    create_scalers: list[dict[str, Any]] = field(default_factory=list)
-    spec_replicas: int | None = None
-    events: list[Event] = field(default_factory=list)
-    requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
-    pending: list[str] = field(default_factory=list)  # why the next pass should come soon
-    settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
-    # (scaler, argv, timeout, record): scripts to start; a record names where the launcher
-    # keeps the run's pid and exit code.
-    run_scripts: list[tuple[tuple[str, str], list[str], int, str]] = field(default_factory=list)
-    # (scaler, record, over): scripts marked started that this pass did not see end: ask the
-    # launcher's record (`over`: past its timeout, so a run not recorded will never end).
-    check_scripts: list[tuple[tuple[str, str], str, bool]] = field(default_factory=list)
-    surplus_workers: list[int] = field(default_factory=list)  # of create_workers
-    # Kueue's writes (kueuewrites.py), as the steps emit them: made after the pods are acted
-    # on. Read through the properties below (the executor, the tests).
-    queue_writes: list[QueueWrite] = field(default_factory=list)
-    make_gang: bool = False  # the Workload and PodGroup of a gang job, before its workers
-    # The basics made first: the job's Secret and ConfigMap (when missing), the launcher's
-    # account, Role and binding (kind, name) and its Role's rules brought up to date.
-    make_secret: bool = False
-    make_config_map: bool = False
-    make_access: tuple[tuple[str, str], ...] = ()
-    update_role: bool = False
-    placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates
-
-    def made(self, surplus: bool, slice_: bool) -> MakeWorkload | None:
-        """The core, the surplus or a slice (`replacing` set) this pass makes."""
-        made = [w for w in self.queue_writes if isinstance(w, MakeWorkload)]
-        kind = [w for w in made if w.surplus == surplus and (w.replacing is not None) == slice_]
-        return kind[0] if kind else None
-
-    def updated(self, core: bool) -> UpdateWorkload:
-        found = [w for w in self.queue_writes if isinstance(w, UpdateWorkload) and w.core == core]
-        return found[0] if found else UpdateWorkload(core)
-
-    @property
-    def delete_workloads(self) -> list[str]:
-        return [w.name for w in self.queue_writes if isinstance(w, DeleteWorkload)]
-
-    @property
-    def make_workload(self) -> int | None:
-        """The core Workload to make: its workers."""
-        made = self.made(False, False)
-        return made.workers if made else None
-
-    @property
-    def make_surplus(self) -> int | None:
-        made = self.made(True, False)
-        return made.workers if made else None
-
-    @property
-    def make_slice(self) -> tuple[str, int, str] | None:
-        """(name, workers, the Workload it replaces: "" for a new surplus asked whole)"""
-        made = self.made(True, True)
-        return (made.name, made.workers, made.replacing or "") if made else None

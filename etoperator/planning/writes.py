@@ -12,7 +12,8 @@ or a 409 between any two writes harmless:
   workers that join it; the host list before any pod is deleted (Horovod never lists a pod
   that is going); deletes; the workers' Services and pods; the launcher; the replicas scalers
   `kubectl scale` asked for; last the Kueue Workload writes (after the pods, so a shrink gives
-  its quota back once done), which the steps emit themselves (kueuewrites.py).
+  its quota back once done).
+The steps emit each write into the plan as they decide it (kinds.py; plan.py `Plan.emit`).
 Off the list by design: Events (the recorder posts them after the writes they tell of),
 scaler scripts (run on the launcher, recorded there; reconcile/scripts.py), and the making of
 the launcher's access, which MakeLauncherAccess hands to a pool of its own (a Role or binding
@@ -26,88 +27,28 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from etoperator.api.statuses import JobStatus, ScalerStatus
-from etoperator.planning.kueuewrites import (
+from etoperator.api.statuses import ScalerStatus
+from etoperator.planning.kinds import (
+    AdoptScaler,
+    DeletePod,
     DeleteWorkload,
     DropWorkloads,
+    HostList,
+    JobStatusWrite,
+    MakeBasics,
+    MakeGang,
+    MakeLauncher,
+    MakeLauncherAccess,
+    MakeScaler,
     MakeWorkload,
+    ScalerStatusWrite,
+    SpecReplicas,
+    UpdateLauncherRole,
     UpdateWorkload,
+    WorkerObjects,
+    Write,
 )
-from etoperator.planning.views import Plan
-
-
-@dataclass(frozen=True)
-class MakeBasics:
-    """The job's SSH Secret and ConfigMap, those missing, made at once (independent creates)."""
-
-    secret: bool
-    config_map: bool
-
-
-@dataclass(frozen=True)
-class MakeLauncherAccess:
-    objects: tuple[tuple[str, str], ...]  # kind, name: made in order, off the pass
-
-
-@dataclass(frozen=True)
-class UpdateLauncherRole:
-    pass
-
-
-@dataclass(frozen=True)
-class AdoptScaler:
-    kind_name: tuple[str, str]  # gets a controller reference to its job (goes with it)
-
-
-@dataclass(frozen=True)
-class ScalerStatusWrite:
-    kind_name: tuple[str, str]
-    status: ScalerStatus
-
-
-@dataclass(frozen=True)
-class JobStatusWrite:
-    status: JobStatus
-
-
-@dataclass(frozen=True)
-class SpecReplicas:
-    replicas: int
-
-
-@dataclass(frozen=True)
-class MakeGang:
-    pass
-
-
-@dataclass(frozen=True)
-class HostList:
-    hosts: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DeletePod:
-    name: str
-    now: bool  # a victim past its drain: stopped at once, no wait for Horovod
-
-
-@dataclass(frozen=True)
-class WorkerObjects:
-    """The workers' Services made equal to `services` and the pods of `indices` created, all at
-    once (independent creates)."""
-
-    services: tuple[str, ...]
-    indices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class MakeLauncher:
-    pass
-
-
-@dataclass(frozen=True)
-class MakeScaler:
-    wanted: dict[str, Any]  # kind, name, spec, generation: a `kubectl scale` as a scaler
+from etoperator.planning.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -115,13 +56,6 @@ class Queueing:
     """A job in a queue or with Workloads: `labelled` False, its queue label went."""
 
     labelled: bool
-
-
-Write = (
-    MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
-    | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
-    | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -149,50 +83,19 @@ class OrphanScalerStatus:
 OffPass = ScriptCondition | OrphanScalerStatus
 
 
-def ordered(plan: Plan, old_status: JobStatus, pods: bool, queue: Queueing | None) -> list[Write]:
-    """The plan's writes in order: a stable sort by ORDER (writes of one kind keep the plan's
-    order). `pods`: the job's children may be touched this pass (its spec parsed, the Secret,
-    ConfigMap and RBAC its pods need in place); `queue`: the job is in a queue or still has
-    Workloads."""
-    writes = emitted(plan, old_status, queue)
+def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[Write]:
+    """The plan's writes in order: a stable sort by ORDER (writes of one kind keep the order
+    the steps emitted them in). `pods`: the job's children may be touched this pass (its spec
+    parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is in a
+    queue or still has Workloads (None: Kueue's writes are dropped; its queue label gone: all
+    its Workloads are)."""
+    kueue = (DeleteWorkload, MakeWorkload, UpdateWorkload)
+    own = queue is not None and queue.labelled
+    writes: list[Write] = [w for w in plan.writes if own or not isinstance(w, kueue)]
+    if queue is not None and not queue.labelled:
+        writes.append(DropWorkloads())
     kept = [w for w in writes if pods or STAGES[type(w)] is not Stage.CHILDREN]
     return sorted(kept, key=lambda w: RANK[type(w)])
-
-
-def emitted(plan: Plan, old_status: JobStatus, queue: Queueing | None) -> list[Write]:
-    """Every write the plan asks for, in no order of consequence."""
-    writes: list[Write] = []
-    if plan.make_secret or plan.make_config_map:
-        writes.append(MakeBasics(plan.make_secret, plan.make_config_map))
-    if plan.make_access:
-        writes.append(MakeLauncherAccess(plan.make_access))
-    if plan.update_role:
-        writes.append(UpdateLauncherRole())
-    writes += [AdoptScaler(k) for k in plan.adopt_scalers]
-    writes += [ScalerStatusWrite(k, new) for k, new in plan.scaler_status.items()]
-    if plan.status != old_status:
-        writes.append(JobStatusWrite(plan.status))
-    if plan.spec_replicas is not None:
-        writes.append(SpecReplicas(plan.spec_replicas))
-    if plan.make_gang:
-        writes.append(MakeGang())
-    if plan.hosts is not None:
-        writes.append(HostList(tuple(plan.hosts)))
-    writes += [DeletePod(name, name in plan.stop_now) for name in plan.delete_pods]
-    writes.append(WorkerObjects(tuple(plan.services), tuple(plan.create_workers)))
-    if plan.create_launcher:
-        writes.append(MakeLauncher())
-    writes += [MakeScaler(wanted) for wanted in plan.create_scalers]
-    if queue is not None:
-        writes += queue_writes(plan, queue)
-    return writes
-
-
-def queue_writes(plan: Plan, q: Queueing) -> list[Write]:
-    """Kueue's, as the steps emitted them; a job whose queue label went drops them all."""
-    if not q.labelled:
-        return [DropWorkloads()]
-    return list(plan.queue_writes)
 
 
 class Stage(enum.IntEnum):

@@ -21,17 +21,11 @@ from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.clock import iso
 from etoperator.kube import AlreadyExists, Conflict, Kube
-from etoperator.planning.kueuewrites import (
-    DeleteWorkload,
-    DropWorkloads,
-    MakeWorkload,
-    UpdateWorkload,
-)
-from etoperator.planning.scaling import SCRIPT_EXECUTED
-from etoperator.planning.views import Plan
-from etoperator.planning.writes import (
+from etoperator.planning.kinds import (
     AdoptScaler,
     DeletePod,
+    DeleteWorkload,
+    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -39,15 +33,17 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    OffPass,
-    OrphanScalerStatus,
+    MakeWorkload,
     ScalerStatusWrite,
-    ScriptCondition,
     SpecReplicas,
     UpdateLauncherRole,
+    UpdateWorkload,
     WorkerObjects,
     Write,
 )
+from etoperator.planning.plan import Plan
+from etoperator.planning.scaling import SCRIPT_EXECUTED
+from etoperator.planning.writes import OffPass, OrphanScalerStatus, ScriptCondition
 from etoperator.reconcile.children import Acted, Children
 from etoperator.reconcile.gangs import Gangs
 from etoperator.reconcile.queues import Queues, families

@@ -25,10 +25,10 @@ from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
+from etoperator.planning.kinds import JobStatusWrite
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.views import BasicsView
 from etoperator.planning.writes import (
-    JobStatusWrite,
     OrphanScalerStatus,
     Queueing,
     Stage,
@@ -294,7 +294,7 @@ class JobReconciler:
         queue = None
         if spec is not None and (spec.queue or obs.workloads):
             queue = Queueing(bool(spec.queue))
-        writes = ordered(plan, inp.status, spec is not None and not inp.hold, queue)
+        writes = ordered(plan, spec is not None and not inp.hold, queue)
         p = Pass(obs, spec, plan, obs.job)
         p.scalers = {(s["kind"], s["metadata"]["name"]): s for s in obs.scalers}
         with metrics.pass_step(took, "basics"):

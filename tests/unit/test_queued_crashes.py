@@ -22,17 +22,15 @@ from etoperator.builders import workload as wl
 from etoperator.builders.common import Owner
 from etoperator.clock import iso
 from etoperator.planning import JobInput, surplus
-from etoperator.planning.kueuewrites import (
+from etoperator.planning.kinds import (
     DeleteWorkload,
     DropWorkloads,
+    MakeLauncher,
     MakeWorkload,
     UpdateWorkload,
-)
-from etoperator.planning.writes import (
-    MakeLauncher,
-    Queueing,
     Write,
 )
+from etoperator.planning.writes import Queueing
 from etoperator.reconcile.queues import Queues, admitted_count, families, order, read_queue
 from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, launcher, scaler, w

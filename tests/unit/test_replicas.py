@@ -13,19 +13,18 @@ import pytest
 
 from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.planning import JobInput, PodView, ScalerView, plan_job
-from etoperator.planning.views import Plan
-from etoperator.planning.writes import (
+from etoperator.planning.kinds import (
     DeletePod,
     HostList,
     JobStatusWrite,
     MakeScaler,
-    Queueing,
     ScalerStatusWrite,
     SpecReplicas,
     WorkerObjects,
     Write,
-    ordered,
 )
+from etoperator.planning.plan import Plan
+from etoperator.planning.writes import Queueing, ordered
 from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, jspec, launcher, running_status, scaler, w
 
@@ -81,7 +80,7 @@ class World:
         """One pass: the plan's writes in their one order (planning/writes.py, as the
         reconciler runs them), each a step a crash can end the pass after."""
         self.plan = plan_job(self.observe())
-        for write in ordered(self.plan, self.status, pods=True, queue=self.queueing()):
+        for write in ordered(self.plan, pods=True, queue=self.queueing()):
             self.apply(write)
         return self.plan.requeue
 

@@ -6,17 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from etoperator.api.statuses import JobStatus, ScaleInStatus
-from etoperator.planning import Plan
+from etoperator.planning import Plan, plan_job
 from etoperator.planning.draft import Draft
-from etoperator.planning.kueuewrites import (
-    DeleteWorkload,
-    DropWorkloads,
-    MakeWorkload,
-    UpdateWorkload,
-)
-from etoperator.planning.writes import (
+from etoperator.planning.kinds import (
     AdoptScaler,
     DeletePod,
+    DeleteWorkload,
+    DropWorkloads,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -24,38 +20,39 @@ from etoperator.planning.writes import (
     MakeLauncher,
     MakeLauncherAccess,
     MakeScaler,
-    Queueing,
+    MakeWorkload,
     ScalerStatusWrite,
     SpecReplicas,
+    UpdateLauncherRole,
+    UpdateWorkload,
     WorkerObjects,
-    ordered,
 )
-from tests.unit.test_planning import inp, jspec
+from etoperator.planning.writes import Queueing, ordered
+from tests.unit.test_planning import inp, jspec, launcher, w
 
 EVERYTHING = Plan(
     status=JobStatus(phase="Running"),
-    create_workers=[3],
-    delete_pods=["j-worker-1", "j-worker-2"],
-    stop_now=["j-worker-2"],
-    create_launcher=True,
-    hosts=["j-worker-0", "j-worker-3"],
-    services=["j-worker-0", "j-worker-3"],
-    scaler_status={("ScaleIn", "less"): ScaleInStatus(phase="Scaling")},
-    adopt_scalers=[("ScaleIn", "less")],
-    create_scalers=[{"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}],
-    spec_replicas=2,
-    make_gang=True,
-    make_secret=True,
-    make_config_map=True,
-    make_access=(("ServiceAccount", "j-launcher"), ("Role", "j-launcher")),
-    update_role=True,
-    queue_writes=[  # as the steps emit them: the executor's order is not theirs
+    writes=[  # as the steps emit them: the executor's order is not theirs
         MakeWorkload("w-grow-4", 2, "w-surplus", True),
+        WorkerObjects(("j-worker-0", "j-worker-3"), (3,)),
+        MakeScaler({"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}),
         UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
+        DeletePod("j-worker-1", False),
+        MakeLauncher(),
+        HostList(("j-worker-0", "j-worker-3")),
         MakeWorkload("w", 2, None, False),
+        SpecReplicas(2),
+        DeletePod("j-worker-2", True),
+        MakeGang(),
         DeleteWorkload("w-grow-3"),
+        JobStatusWrite(JobStatus(phase="Running")),
+        ScalerStatusWrite(("ScaleIn", "less"), ScaleInStatus(phase="Scaling")),
+        UpdateLauncherRole(),
         UpdateWorkload(False, None, None, (), "Preempted"),
+        MakeLauncherAccess((("ServiceAccount", "j-launcher"), ("Role", "j-launcher"))),
+        AdoptScaler(("ScaleIn", "less")),
         MakeWorkload("w-surplus", 1, None, True),
+        MakeBasics(secret=True, config_map=True),
     ],
 )
 QUEUE = Queueing(True)
@@ -66,7 +63,7 @@ def kinds(writes: Sequence[object]) -> list[str]:
 
 
 def test_every_write_of_a_pass_in_its_one_order() -> None:
-    writes = ordered(EVERYTHING, JobStatus(), pods=True, queue=QUEUE)
+    writes = ordered(EVERYTHING, pods=True, queue=QUEUE)
     basics, writes = writes[:3], writes[3:]
     assert kinds(basics) == ["MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole"]
     assert basics[0] == MakeBasics(secret=True, config_map=True)
@@ -99,7 +96,7 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
 
 
 def test_a_job_whose_queue_label_went_drops_its_workloads_and_nothing_else() -> None:
-    writes = ordered(EVERYTHING, JobStatus(), pods=True, queue=Queueing(False))
+    writes = ordered(EVERYTHING, pods=True, queue=Queueing(False))
     assert kinds(writes)[-2:] == ["MakeScaler", "DropWorkloads"]
     assert writes[-1] == DropWorkloads()
 
@@ -111,7 +108,7 @@ def test_a_family_s_changes_are_one_write_and_a_family_with_none_gets_none() -> 
     d.update_workload(True, resize=3, condition=ready)
     d.to_kueue(MakeWorkload("w-surplus", 1, None, True))
     d.to_kueue(MakeWorkload("w-surplus", 2, None, True))  # the pass's last word
-    writes = ordered(d.plan, JobStatus(), pods=True, queue=QUEUE)
+    writes = ordered(d.plan, pods=True, queue=QUEUE)
     assert [w for w in writes if isinstance(w, UpdateWorkload | MakeWorkload)] == [
         MakeWorkload("w-surplus", 2, None, True),
         UpdateWorkload(True, 3, None, (ready,), ""),
@@ -119,13 +116,22 @@ def test_a_family_s_changes_are_one_write_and_a_family_with_none_gets_none() -> 
 
 
 def test_a_status_as_read_is_not_written_again() -> None:
-    writes = ordered(EVERYTHING, JobStatus(phase="Running"), pods=True, queue=None)
+    """A job's first pass writes its status; a pass from that status, nothing new seen, does
+    not (and a job in no queue makes no Workload)."""
+    pods = [w(0), w(1), launcher()]
+    first = plan_job(inp(jspec(), {}, pods, published=["j-worker-0", "j-worker-1"]))
+    assert first.one(JobStatusWrite) == JobStatusWrite(first.status)
+    settled = plan_job(inp(jspec(), first.status, pods, published=first.hosts))
+    again = plan_job(inp(jspec(), settled.status, pods, published=settled.hosts))
+    assert again.status == settled.status
+    writes = ordered(again, pods=True, queue=None)
     assert "JobStatusWrite" not in kinds(writes) and "MakeWorkload" not in kinds(writes)
+    assert "MakeWorkload" not in kinds(ordered(EVERYTHING, pods=True, queue=None))
 
 
 def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     """Its spec unreadable, or the Secret, ConfigMap or RBAC its pods need missing."""
-    writes = ordered(EVERYTHING, JobStatus(), pods=False, queue=QUEUE)
+    writes = ordered(EVERYTHING, pods=False, queue=QUEUE)
     assert kinds(writes) == [
         "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
         "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas",

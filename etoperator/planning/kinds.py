@@ -1,0 +1,125 @@
+"""The kinds of a pass's writes, as the planner's steps emit them into the plan (views.py
+`Plan.writes`): the job's basics, the statuses, its pods and what goes with them, and Kueue's
+(a Workload made: the core, the surplus, a slice; deleted; brought up to date; all dropped).
+writes.py says their one order and why; reconcile/execute.py makes each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from etoperator.api.statuses import JobStatus, ScalerStatus
+
+
+@dataclass(frozen=True)
+class DropWorkloads:
+    """Every Workload of a job whose queue label was removed (it runs outside any queue)."""
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    name: str
+
+
+@dataclass(frozen=True)
+class MakeWorkload:
+    name: str
+    workers: int
+    replacing: str | None  # a slice: the Workload it replaces ("": a surplus asked whole)
+    surplus: bool  # the workers above the job's core (minCount 1, a priority lower)
+
+
+@dataclass(frozen=True)
+class UpdateWorkload:
+    """A family's current Workload (the core's or the surplus's): its count and activity
+    (spec), then conditions set and the admission given back (status)."""
+
+    core: bool
+    resize: int | None = None
+    activate: bool | None = None
+    conditions: tuple[tuple[str, str, str, str], ...] = ()
+    release: str = ""  # the eviction's reason, when the admission is given back
+
+
+QueueWrite = DeleteWorkload | MakeWorkload | UpdateWorkload
+
+
+@dataclass(frozen=True)
+class MakeBasics:
+    """The job's SSH Secret and ConfigMap, those missing, made at once (independent creates)."""
+
+    secret: bool
+    config_map: bool
+
+
+@dataclass(frozen=True)
+class MakeLauncherAccess:
+    objects: tuple[tuple[str, str], ...]  # kind, name: made in order, off the pass
+
+
+@dataclass(frozen=True)
+class UpdateLauncherRole:
+    pass
+
+
+@dataclass(frozen=True)
+class AdoptScaler:
+    kind_name: tuple[str, str]  # gets a controller reference to its job (goes with it)
+
+
+@dataclass(frozen=True)
+class ScalerStatusWrite:
+    kind_name: tuple[str, str]
+    status: ScalerStatus
+
+
+@dataclass(frozen=True)
+class JobStatusWrite:
+    status: JobStatus
+
+
+@dataclass(frozen=True)
+class SpecReplicas:
+    replicas: int
+
+
+@dataclass(frozen=True)
+class MakeGang:
+    pass
+
+
+@dataclass(frozen=True)
+class HostList:
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    now: bool  # a victim past its drain: stopped at once, no wait for Horovod
+
+
+@dataclass(frozen=True)
+class WorkerObjects:
+    """The workers' Services made equal to `services` and the pods of `indices` created, all at
+    once (independent creates)."""
+
+    services: tuple[str, ...]
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class MakeLauncher:
+    pass
+
+
+@dataclass(frozen=True)
+class MakeScaler:
+    wanted: dict[str, Any]  # kind, name, spec, generation: a `kubectl scale` as a scaler
+
+
+Write = (
+    MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
+    | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
+    | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
+)  # fmt: skip
