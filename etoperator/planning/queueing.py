@@ -296,6 +296,18 @@ def held_by_quota(d: Draft) -> set[str]:
     return set(d.status.scaler_pods or [])
 
 
+def admitted_not_added(d: Draft) -> int:
+    """Workers Kueue admitted that a running queued job has not added yet (settle adds them).
+    A scaler started before they are would judge the job by the part it ran first: a ScaleIn
+    of 2 from a job of 4 whose surplus was admitted that pass failed, "removing 2 of 2
+    workers would leave 0"."""
+    q = d.inp.queue
+    if q is None or not q.admitted or d.phase not in (st.RUNNING, st.SCALING):
+        return 0
+    wanted = d.status.accepted_replicas or d.spec.worker.replicas
+    return max(0, min(wanted, q.room) - len(d.status.members))
+
+
 def settle(d: Draft) -> None:
     """After a running job's pass, with no scale running: PodsReady once it runs; workers added
     up to spec replicas as far as Kueue has admitted, the surplus asked for the rest; the
@@ -316,9 +328,9 @@ def settle(d: Draft) -> None:
     if not d.status.current_scaler:
         # What the job wants after this pass (a scale rolled back gives its size back).
         wanted = d.status.accepted_replicas or d.spec.worker.replicas
-        size = len(d.status.members)
-        if size < min(wanted, q.room):
-            grow(d, min(wanted, q.room) - size)
+        size, due = len(d.status.members), admitted_not_added(d)
+        if due:
+            grow(d, due)
         elif size < wanted:
             wanted_slice = ask_more(d, q, wanted)
         elif wanted < q.asked and not grows(q):

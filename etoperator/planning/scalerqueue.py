@@ -11,6 +11,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.statuses import ScaleOutStatus
 from etoperator.clock import parse_iso
+from etoperator.planning import queueing
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.kinds import MakeScaler, SpecReplicas
 from etoperator.planning.rules import (
@@ -36,7 +37,7 @@ def start_scalers(d: Draft, m: Members) -> Members:
             waiting.append(sc)
     if d.status.current_scaler or not waiting:
         return m
-    if growth_due(d):  # this pass adds them (queueing.settle): every scaler counts them
+    if queueing.admitted_not_added(d):  # this pass adds them (settle): every scaler counts them
         d.come_back("scalers wait for the workers the queue admitted to be added")
         return m
     for sc in waiting:
@@ -44,17 +45,6 @@ def start_scalers(d: Draft, m: Members) -> Members:
         if started is not None:
             return started
     return m
-
-
-def growth_due(d: Draft) -> bool:
-    """Kueue admitted workers a queued job has not added yet. A scaler started before they
-    are would judge the job by the part it ran first: a ScaleIn of 2 from a job of 4 whose
-    surplus was admitted that pass failed, "removing 2 of 2 workers would leave 0"."""
-    q = d.inp.queue
-    if q is None or not q.admitted or d.phase not in (st.RUNNING, st.SCALING):
-        return False
-    wanted = d.status.accepted_replicas or d.spec.worker.replicas
-    return len(d.status.members) < min(wanted, q.room)
 
 
 def start_one(d: Draft, m: Members, sc: ScalerView) -> Members | None:
