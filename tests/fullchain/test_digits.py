@@ -24,7 +24,10 @@ def test_elastic_run_trains_every_sample_and_matches_a_static_run(
 ) -> None:
     # The reference on one rank: most of the elastic run's epochs are on one worker (after the
     # kill), and two ranks on two cores cost twice its CPU (160 s of a suite) for no more.
-    static = digits.static(EPOCHS, ranks=1, samples=tmp_path / "static")
+    ran = tmp_path / "static"
+    static = digits.kept(
+        lambda: digits.static(EPOCHS, ranks=1, samples=ran), "horovodrun", EPOCHS, 1, samples=ran
+    )
     cov = samples.coverage(samples.read(tmp_path / "static"), digits.TRAIN_SAMPLES)
     assert cov.problems(padding=0) == [] and cov.rolled_back == []
     assert sorted(cov.missed) == list(range(EPOCHS))

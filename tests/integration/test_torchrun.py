@@ -92,7 +92,11 @@ def test_the_demo_s_torchrun_tour_trains_every_sample_and_matches_a_static_run(
     epochs = torchtour.example_arg("epochs") // 2
     extra = ("--log-samples=/checkpoints/samples", f"--epochs={epochs}", "--step-sleep=0.02")
     reference: list[digits.Run] = []
-    static = threading.Thread(target=lambda: reference.append(digits.static_torchrun(epochs)))
+    static = threading.Thread(
+        target=lambda: reference.append(
+            digits.kept(lambda: digits.static_torchrun(epochs), "torchrun", epochs)
+        )
+    )
     static.start()
 
     def kubectl(*args: str, check: bool = True, input: str | None = None) -> Any:
