@@ -14,7 +14,6 @@ job's own image (it needs torch, which the workers' image has) in two ways (docs
   torchrun as it is: SIGSTOP), asks the launcher to take it out and waits; the kubelet's
   SIGTERM then ends the agent. A save REQUEST newer than the agent: the whole run stops, and
   there is nothing to leave. Its lines go to the container's log.
-
 State edits go through torch's backend with its compare-and-set token, as its agents' do."""
 
 from __future__ import annotations
@@ -275,11 +274,13 @@ def answer_leaves() -> None:
     ask, and writes what came of it. Not the hold's handler: the agent's main thread may be
     in a long call (a store wait of its round), running no handler until it returns."""
     path = asking(os.getpid())
-    for stale in (path, path + ".answer"):  # a pid an earlier agent had (a shared /tmp)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(stale)
-    with open(path + ".ready", "w"):
-        pass
+    try:
+        for stale in (path, path + ".answer"):  # a pid an earlier agent had (a shared /tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        open(path + ".ready", "w").close()
+    except OSError:
+        return  # a read-only /tmp: no `.ready`, the hook asks itself
     while not os.path.exists(path):
         time.sleep(TICK)
     start = time.monotonic()
@@ -306,12 +307,10 @@ def started(pid: int) -> float:
     """When process `pid` started (seconds since the epoch), from its start tick and the
     uptime (to 10 ms; /proc/stat's boot time is whole seconds); now if it has ended."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open(f"/proc/{pid}/stat") as f, open("/proc/uptime") as u:
+            ticks, up = int(f.read().rsplit(")", 1)[1].split()[19]), float(u.read().split()[0])
     except OSError:
         return time.time()
-    with open("/proc/uptime") as f:
-        up = float(f.read().split()[0])
     return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
 
 

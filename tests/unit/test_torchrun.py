@@ -234,3 +234,13 @@ def test_a_worker_s_failure_is_the_agent_s(tmp_path: Path) -> None:
 def test_a_start_method_asked_for_is_torchrun_s_as_it_is(tmp_path: Path) -> None:
     code, said = run_agent(tmp_path, 0, "--start-method=spawn")
     assert code == 0 and said["0"] == "__main__ False found 1 0 x y"
+
+
+def test_a_leave_watcher_with_no_temporary_directory_to_write_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A /tmp the agent cannot write (read-only, gone): the watcher ends at once, marking
+    nothing (the hook, finding no `.ready`, asks itself); it raised into the agent's log."""
+    monkeypatch.setattr(rendezvous.tempfile, "tempdir", str(tmp_path / "gone"))
+    rendezvous.answer_leaves()
+    assert not rendezvous.hand_over(os.getpid(), "launcher:29400")
