@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,6 @@ def test_a_leave_watcher_with_no_temporary_directory_to_write_ends_quietly(
 ) -> None:
     """A /tmp the agent cannot write (read-only, gone): the watcher ends at once, marking
     nothing (the hook, finding no `.ready`, asks itself); it raised into the agent's log."""
-    monkeypatch.setattr(rendezvous.tempfile, "tempdir", str(tmp_path / "gone"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
     rendezvous.answer_leaves()
     assert not rendezvous.hand_over(os.getpid(), "launcher:29400")
