@@ -105,7 +105,7 @@ class Draft:
         )
         self.status.conditions = conds
         if changed and status == "True" and event:
-            self.plan.events.append(Event("Warning" if warn else "Normal", reason, message))
+            self.plan.tell(Event("Warning" if warn else "Normal", reason, message))
 
     def set_scaler_cond(
         self, sc: ScalerView, phase: str, ctype: str, reason: str, message: str, warn: bool = False
@@ -132,11 +132,9 @@ class Draft:
             self.scaler_status(sc.kind_name, new)
         if changed:
             event = Event("Warning" if warn else "Normal", reason, message)
-            self.plan.scaler_events.setdefault(sc.kind_name, []).append(event)
+            self.plan.tell(event, sc.kind_name)
             if phase in st.SCALE_TERMINAL:  # `kubectl describe tj` tells how each scale ended
-                self.plan.events.append(
-                    Event(event.type, reason, f"{sc.kind} {sc.name}: {message}")
-                )
+                self.plan.tell(Event(event.type, reason, f"{sc.kind} {sc.name}: {message}"))
 
     def scaler_status(self, kind_name: tuple[str, str], new: ScalerStatus) -> None:
         """A scaler's status as the pass writes it (one write a scaler)."""
@@ -203,7 +201,7 @@ class Draft:
                 "a second worker joins, or fails at its --elastic-timeout (give "
                 "--network-interface, e.g. eth0)"
             )
-            self.plan.events.append(Event("Warning", "HorovodWaitsForTwoHosts", why))
+            self.plan.tell(Event("Warning", "HorovodWaitsForTwoHosts", why))
         for ctype in ("WorkersReady", "LauncherCreated", "Running"):
             if st.condition(self.status.conditions or [], ctype):
                 self.set_cond(ctype, "False", "NewRun", "a new run is starting")

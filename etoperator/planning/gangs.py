@@ -49,7 +49,7 @@ def say_deferred(d: Draft) -> None:
     old = st.condition(d.status.conditions or [], PENDING) or {}
     d.set_cond(PENDING, "False", "AtNextStart", message, event=False)
     if old.get("reason") != "AtNextStart":
-        d.plan.events.append(Event("Warning", "GangAtNextStart", message))
+        d.plan.tell(Event("Warning", "GangAtNextStart", message))
 
 
 def say_policy_kept(d: Draft, made: int | None, asked: int) -> None:

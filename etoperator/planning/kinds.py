@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etoperator.api.statuses import JobStatus, ScalerStatus
+from etoperator.status import Event
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,15 @@ class JobStatusWrite:
 
 
 @dataclass(frozen=True)
+class TellEvents:
+    """The pass's events, told after the statuses they tell of: the job's, and the scalers'
+    (kind and name, the event)."""
+
+    job: tuple[Event, ...] = ()
+    scalers: tuple[tuple[tuple[str, str], Event], ...] = ()
+
+
+@dataclass(frozen=True)
 class SpecReplicas:
     replicas: int
 
@@ -120,6 +130,6 @@ class MakeScaler:
 
 Write = (
     MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
-    | JobStatusWrite | SpecReplicas | MakeGang | HostList | DeletePod | WorkerObjects
+    | JobStatusWrite | SpecReplicas | TellEvents | MakeGang | HostList | DeletePod | WorkerObjects
     | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
 )  # fmt: skip

@@ -103,13 +103,13 @@ def move(d: Draft, phase: str | None, job_spec: JobSpec) -> None:
     elif phase == st.SUSPENDED:
         d.start_fresh_run()
         d.set_cond(st.SUSPENDED, "False", "Resumed", "job resumed")
-        d.plan.events.append(Event("Normal", "Resumed", "job resumed: starting afresh"))
+        d.plan.tell(Event("Normal", "Resumed", "job resumed: starting afresh"))
         advance_run(d)
     elif phase == st.QUEUED and d.inp.queue is None:  # its queue label removed: no queue
         d.start_fresh_run()
         message = "no longer queued (the queue label was removed): starting"
         d.set_cond(queueing.QUEUED, "False", "LeftQueue", message, event=False)
-        d.plan.events.append(Event("Normal", "LeftQueue", message))
+        d.plan.tell(Event("Normal", "LeftQueue", message))
         advance_run(d)
     else:
         advance_run(d)
@@ -141,14 +141,14 @@ def note_saved(d: Draft) -> None:
         return
     d.status.last_saved = {"step": int(step), "time": when}
     message = f"the training saved step {step} as its run stopped"
-    d.plan.events.append(Event("Normal", "Saved", message))
+    d.plan.tell(Event("Normal", "Saved", message))
 
 
 def repair_phase(d: Draft, phase: str) -> None:
     message = (
         f"the status said {phase}, but nothing stopped the run (its launcher runs): it goes on"
     )
-    d.plan.events.append(Event("Warning", "StatusRepaired", message))
+    d.plan.tell(Event("Warning", "StatusRepaired", message))
 
 
 def not_running_why(d: Draft) -> str:
@@ -292,4 +292,4 @@ def drop_foreign_names(d: Draft) -> None:
     kept = Members(tuple(d.status.members), tuple(d.status.hosts)).without(*foreign)
     d.set_members(kept, publish=False)
     message = f"the status named {', '.join(foreign)}, not workers of this job: dropped"
-    d.plan.events.append(Event("Warning", "StatusRepaired", message))
+    d.plan.tell(Event("Warning", "StatusRepaired", message))

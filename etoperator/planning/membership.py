@@ -141,13 +141,13 @@ def replace_lost(d: Draft, name: str, member: PodView | None, launched: bool) ->
     """Said on the job; the replacement's name ([] when none is due; None: fail the job)."""
     job_spec, why = d.spec, describe_loss(member)
     message = f"worker {name} {why}; removed from the host list"
-    d.plan.events.append(Event("Warning", "WorkerLost", message))
+    d.plan.tell(Event("Warning", "WorkerLost", message))
     if member is not None and member.leaving:
         notice = f"worker {name} {why}; left the host list before being stopped"
         d.set_cond("WorkerPreempted", "True", "PreemptionNotice", notice)
     if replaces(job_spec.worker.restart_policy, member):
         new = naming.worker_name(job_spec.name, d.new_indices(1).start)
-        d.plan.events.append(Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}"))
+        d.plan.tell(Event("Normal", "WorkerReplaced", f"worker {name} replaced by {new}"))
         return [new]
     return [] if launched else None
 
@@ -261,7 +261,7 @@ def follow_launcher(d: Draft, m: Members, launcher: PodView | None) -> Members |
         if launcher is None:
             d.plan.put(MakeLauncher())
         message = f"launcher {name} was lost; recreating it"
-        d.plan.events.append(Event("Warning", "LauncherRecreated", message))
+        d.plan.tell(Event("Warning", "LauncherRecreated", message))
         d.come_back("the launcher is being recreated")
     elif launcher.phase in ("Succeeded", "Failed"):
         d.set_members(m, publish=False)
@@ -305,7 +305,7 @@ def cancel_scale(d: Draft, kind: str, name: str, m: Members) -> Members:
         what = f"its workers stay: {', '.join(back) or 'none left'}"
     message = f"{kind} {name} was deleted while it ran; {what}"
     d.set_cond(st.SCALING, "False", "ScaleCancelled", message)
-    d.plan.events.append(Event("Warning", "ScaleCancelled", message))
+    d.plan.tell(Event("Warning", "ScaleCancelled", message))
     return m
 
 

@@ -1,7 +1,7 @@
 """What a pass of the planner returns: the writes its steps emitted (kinds.py; writes.py puts
-them in their one order), the job status it will write, and what is not a write (events,
-scripts to run, when to come back). The properties read the writes back, for the steps that
-build on an earlier one's and for the tests."""
+them in their one order; the pass's events among them), the job status it will write, and
+what is not a write (scripts to run, when to come back). The properties read the writes
+back, for the steps that build on an earlier one's and for the tests."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from etoperator.planning.kinds import (
     QueueWrite,
     ScalerStatusWrite,
     SpecReplicas,
+    TellEvents,
     UpdateLauncherRole,
     UpdateWorkload,
     WorkerObjects,
@@ -39,8 +40,6 @@ W = TypeVar("W")
 class Plan:
     status: JobStatus  # the job's, as the pass writes it (JobStatusWrite when it changed)
     writes: list[Write] = field(default_factory=list)  # as the steps emitted them
-    scaler_events: dict[tuple[str, str], list[Event]] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
     requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
     pending: list[str] = field(default_factory=list)  # why the next pass should come soon
     settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
@@ -73,6 +72,15 @@ class Plan:
         found = self.of(kind)
         return found[-1] if found else None
 
+    def tell(self, event: Event, scaler: tuple[str, str] | None = None) -> None:
+        """An event of the job (of scaler `scaler`, kind and name): the pass tells them all
+        at once, after its statuses."""
+        told = self.one(TellEvents) or TellEvents()
+        if scaler is None:
+            self.put(TellEvents((*told.job, event), told.scalers))
+        else:
+            self.put(TellEvents(told.job, (*told.scalers, (scaler, event))))
+
     def stop_at_once(self, names: list[str]) -> None:
         """Those of the pods deleted stopped at once (victims past their drain)."""
         self.writes = [
@@ -86,6 +94,18 @@ class Plan:
         """The host list this pass publishes; None: the ConfigMap's is left as it is."""
         w = self.one(HostList)
         return list(w.hosts) if w else None
+
+    @property
+    def events(self) -> list[Event]:
+        told = self.one(TellEvents)
+        return list(told.job) if told else []
+
+    @property
+    def scaler_events(self) -> dict[tuple[str, str], list[Event]]:
+        told, by = self.one(TellEvents), dict[tuple[str, str], list[Event]]()
+        for scaler, event in told.scalers if told else ():
+            by.setdefault(scaler, []).append(event)
+        return by
 
     @property
     def delete_pods(self) -> list[str]:

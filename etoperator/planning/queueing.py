@@ -114,7 +114,7 @@ def queued_while_running(d: Draft, q: QueueView) -> bool:
     news = old.get("reason") != "QueuedAtNextStart"
     d.set_cond(QUEUED, "False", "QueuedAtNextStart", message, event=False)
     if news:
-        d.plan.events.append(Event("Warning", "QueuedAtNextStart", message))
+        d.plan.tell(Event("Warning", "QueuedAtNextStart", message))
     return False
 
 
@@ -166,7 +166,7 @@ def admit(d: Draft, q: QueueView) -> None:
     rest (`settle`)."""
     d.start_fresh_run()
     message = say_admitted(d, q)
-    d.plan.events.append(Event("Normal", "Admitted", message))
+    d.plan.tell(Event("Normal", "Admitted", message))
     if q.surplus is None and d.spec.worker.replicas > q.workers:
         need = d.spec.worker.replicas - q.workers
         d.to_kueue(MakeWorkload(wl.surplus_name(d.spec), need, None, True))
@@ -370,4 +370,4 @@ def grow(d: Draft, count: int) -> None:
     d.set_members(Members(tuple(d.status.members), tuple(d.status.hosts)).adding(*names), False)
     d.creating.extend(indices)
     message = f"the queue admitted {workers(count)} more: adding {', '.join(names)}"
-    d.plan.events.append(Event("Normal", "Grown", message))
+    d.plan.tell(Event("Normal", "Grown", message))

@@ -139,7 +139,7 @@ def say_reclaimed(d: Draft, names: list[str]) -> None:
         f"Kueue took back the quota of {', '.join(names)} ({why}): they leave the host list "
         f"and go, the job trains on without them and grows back when the queue admits them"
     )
-    d.plan.events.append(Event("Normal", "QuotaReclaimed", message))
+    d.plan.tell(Event("Normal", "QuotaReclaimed", message))
 
 
 def shrink(d: Draft, count: int) -> None:

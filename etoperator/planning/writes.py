@@ -1,25 +1,25 @@
 """A pass's writes, in the one order they are made: what `plan_job` decided, as a list.
 
-The reconciler runs this list and nothing else (reconcile/job.py `JobReconciler.act`); the planner's
-crash tests replay the same list (tests/unit/test_replicas.py). The order is what makes a crash
-or a 409 between any two writes harmless:
+The steps emit each write into the plan as they decide it (kinds.py; plan.py `Plan.emit`). The
+reconciler runs this list and nothing else (reconcile/job.py `JobReconciler.act`); the
+planner's crash tests replay the same list (tests/unit/test_replicas.py). The order is what
+makes a crash or a 409 between any two writes harmless:
   the basics a job's pods need (its Secret and ConfigMap, the launcher's access): a pod is
   never made before them, and when one of them meets an object in the way, the pass makes no
   child (the next pass says why: Blocked);
   scalers adopted, then scaler statuses (a scaler's frozen plan before the job acts on it);
   the job status, then the spec replicas it accepted (replicasBefore marks them as ours until
-  they land); then, when the job's pods may be touched at all: the gang's objects before the
-  workers that join it; the host list before any pod is deleted (Horovod never lists a pod
-  that is going); deletes; the workers' Services and pods; the launcher; the replicas scalers
-  `kubectl scale` asked for; last the Kueue Workload writes (after the pods, so a shrink gives
-  its quota back once done).
-The steps emit each write into the plan as they decide it (kinds.py; plan.py `Plan.emit`).
-Off the list by design: Events (the recorder posts them after the writes they tell of),
-scaler scripts (run on the launcher, recorded there; reconcile/scripts.py), and the making of
-the launcher's access, which MakeLauncherAccess hands to a pool of its own (a Role or binding
-can take the apiserver a second; the launcher waits for them). Two writes come from outside
-any job's pass and go through the same executor alone (`OffPass`): a script's outcome on its
-scaler, from the script's thread, and the status of a scaler whose job is not there."""
+  they land), then the pass's events (told after the statuses they tell of); then, when the
+  job's pods may be touched at all: the gang's objects before the workers that join it; the
+  host list before any pod is deleted (Horovod never lists a pod that is going); deletes; the
+  workers' Services and pods; the launcher; the replicas scalers `kubectl scale` asked for;
+  last the Kueue Workload writes (after the pods, so a shrink gives its quota back once done).
+Off the list by design: scaler scripts (run on the launcher, recorded there;
+reconcile/scripts.py), and the making of the launcher's access, which MakeLauncherAccess hands
+to a pool of its own (a Role or binding can take the apiserver a second; the launcher waits
+for them). Two writes come from outside any job's pass and go through the same executor alone
+(`OffPass`): a script's outcome on its scaler, from the script's thread, and the status of a
+scaler whose job is not there."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ from etoperator.planning.kinds import (
     MakeWorkload,
     ScalerStatusWrite,
     SpecReplicas,
+    TellEvents,
     UpdateLauncherRole,
     UpdateWorkload,
     WorkerObjects,
@@ -100,14 +101,14 @@ def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[Write]:
 
 class Stage(enum.IntEnum):
     BASICS = 0  # what a job's pods need: when one meets an object in the way, no child is made
-    STATUSES = 1  # the scalers' and the job's own objects, before the pass's events
+    STATUSES = 1  # the scalers' and the job's own objects, then the pass's events
     CHILDREN = 2  # the job's pods and what goes with them, only when they may be touched
 
 
 # The one order of a pass's writes, by stage (the module's docstring says why).
 ORDER: tuple[tuple[Stage, tuple[type, ...]], ...] = (
     (Stage.BASICS, (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)),
-    (Stage.STATUSES, (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas)),
+    (Stage.STATUSES, (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas, TellEvents)),
     (Stage.CHILDREN, (MakeGang, HostList, DeletePod, WorkerObjects, MakeLauncher, MakeScaler,
                       DropWorkloads, DeleteWorkload, MakeWorkload, UpdateWorkload)),
 )  # fmt: skip

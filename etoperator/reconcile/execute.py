@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from etoperator import naming
+from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.api.statuses import scaler_status
@@ -36,6 +36,7 @@ from etoperator.planning.kinds import (
     MakeWorkload,
     ScalerStatusWrite,
     SpecReplicas,
+    TellEvents,
     UpdateLauncherRole,
     UpdateWorkload,
     WorkerObjects,
@@ -88,6 +89,7 @@ class Executor:
             ScalerStatusWrite: self.scaler_status,
             JobStatusWrite: self.job_status,
             SpecReplicas: self.spec_replicas,
+            TellEvents: self.tell,
             MakeGang: self.make_gang,
             HostList: self.host_list,
             DeletePod: self.delete_pod,
@@ -160,6 +162,22 @@ class Executor:
     def spec_replicas(self, p: Pass, w: SpecReplicas) -> None:
         replicas = {"worker": {"replicas": w.replicas}}
         self.write({**p.job, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
+
+    def tell(self, p: Pass, w: TellEvents) -> None:
+        """The pass's events, after the status writes they tell of, handed to the recorder
+        (which posts them off the pass); the job's logged and counted."""
+        meta = p.job["metadata"]
+        for ev in w.job:
+            log.info("%s namespace=%s job=%s message=%r", ev.reason, meta["namespace"],
+                     meta["name"], ev.message)  # fmt: skip
+            if ev.reason == "WorkerLost":
+                metrics.WORKERS_LOST.inc()
+            elif ev.reason == "WorkerReplaced":
+                metrics.WORKERS_REPLACED.inc()
+        now = self.clock()
+        about = [(p.job, ev) for ev in w.job] + [(p.scalers[k], ev) for k, ev in w.scalers]
+        for body, ev in about:
+            self.recorder.post(body, ev.type, ev.reason, ev.message, now)
 
     # The children: what stood in the way goes into `acted`.
     def make_gang(self, p: Pass, w: MakeGang) -> None:

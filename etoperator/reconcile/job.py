@@ -25,7 +25,7 @@ from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import ApiError, Conflict, Kube
 from etoperator.planning import JobInput, Plan, plan_job, plan_orphan_scaler
-from etoperator.planning.kinds import JobStatusWrite
+from etoperator.planning.kinds import JobStatusWrite, TellEvents
 from etoperator.planning.lifecycle import plan_refused
 from etoperator.planning.views import BasicsView
 from etoperator.planning.writes import (
@@ -60,6 +60,7 @@ from etoperator.reconcile.state import (
     refused,
 )
 from etoperator.sshcheck import SSHProber
+from etoperator.status import Event
 
 log = logging.getLogger(__name__)
 # A job's independent creates (its Services and worker pods, its Secret and ConfigMap) go at
@@ -284,11 +285,12 @@ class JobReconciler:
                     return
         else:
             return
-        self.recorder.post(obs.job, "Warning", "APIRefused", message, self.clock())
+        refused = TellEvents((Event("Warning", "APIRefused", message),))
+        self.executor.run(Pass(obs, None, Plan(new), job), refused)
 
     def act(self, obs: Observed, inp: JobInput, plan: Plan, took: dict[str, float]) -> None:
         """The pass's writes (planning/writes.py), in their one order, stage by stage: the
-        basics, the statuses, then the pass's events, then the children; the scripts, off the
+        basics, the statuses and the pass's events, then the children; the scripts, off the
         pass. Each write goes through the one executor."""
         spec = inp.spec
         queue = None
@@ -307,34 +309,12 @@ class JobReconciler:
             for kind, result, secs in plan.settled_scalers:
                 metrics.SCALES.labels(kind, result).inc()
                 metrics.SCALE_SECONDS.labels(kind).observe(float(secs))
-            self.post_events(obs, inp, plan, p.scalers)
         if spec is None or inp.hold or p.acted.held:
             return  # no child before its basics: the next pass says what is in their way
         with metrics.pass_step(took, "children"):
             for w in staged(writes, Stage.CHILDREN):
                 self.executor.run(p, w)
             self.scripts.run(obs, plan)
-
-    def post_events(
-        self,
-        obs: Observed,
-        inp: JobInput,
-        plan: Plan,
-        scalers: dict[tuple[str, str], dict[str, Any]],
-    ) -> None:
-        """The pass's events, after the status writes they tell of, handed to the recorder."""
-        about = [(obs.job, ev) for ev in plan.events]
-        about += [(scalers[k], ev) for k, evs in plan.scaler_events.items() for ev in evs]
-        for ev in plan.events:
-            log.info("%s namespace=%s job=%s message=%r", ev.reason, inp.namespace, inp.name,
-                     ev.message)  # fmt: skip
-            if ev.reason == "WorkerLost":
-                metrics.WORKERS_LOST.inc()
-            elif ev.reason == "WorkerReplaced":
-                metrics.WORKERS_REPLACED.inc()
-        now = self.clock()
-        for o, ev in about:
-            self.recorder.post(o, ev.type, ev.reason, ev.message, now)
 
     def reconcile_orphan_scaler(self, kind: str, namespace: str, name: str) -> None:
         body = self.kube.get(kind, namespace, name)

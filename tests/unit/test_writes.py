@@ -23,13 +23,16 @@ from etoperator.planning.kinds import (
     MakeWorkload,
     ScalerStatusWrite,
     SpecReplicas,
+    TellEvents,
     UpdateLauncherRole,
     UpdateWorkload,
     WorkerObjects,
 )
 from etoperator.planning.writes import Queueing, ordered
+from etoperator.status import Event
 from tests.unit.test_planning import inp, jspec, launcher, w
 
+SCALING = Event("Normal", "Scaling", "removing j-worker-2")
 EVERYTHING = Plan(
     status=JobStatus(phase="Running"),
     writes=[  # as the steps emit them: the executor's order is not theirs
@@ -42,6 +45,7 @@ EVERYTHING = Plan(
         HostList(("j-worker-0", "j-worker-3")),
         MakeWorkload("w", 2, None, False),
         SpecReplicas(2),
+        TellEvents((Event("Normal", "Saved", "step 7"),), ((("ScaleIn", "less"), SCALING),)),
         DeletePod("j-worker-2", True),
         MakeGang(),
         DeleteWorkload("w-grow-3"),
@@ -71,7 +75,8 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
         (("ServiceAccount", "j-launcher"), ("Role", "j-launcher"))
     )
     assert kinds(writes) == [
-        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "MakeGang",
+        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "TellEvents",
+        "MakeGang",
         "HostList", "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler",
         "DeleteWorkload", "MakeWorkload", "MakeWorkload", "MakeWorkload", "UpdateWorkload",
         "UpdateWorkload",
@@ -79,13 +84,17 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     assert writes[0] == AdoptScaler(("ScaleIn", "less"))
     assert writes[1] == ScalerStatusWrite(("ScaleIn", "less"), ScaleInStatus(phase="Scaling"))
     assert writes[3] == SpecReplicas(2)
-    assert writes[5] == HostList(("j-worker-0", "j-worker-3"))
-    assert writes[6:8] == [DeletePod("j-worker-1", False), DeletePod("j-worker-2", True)]
-    assert writes[8] == WorkerObjects(("j-worker-0", "j-worker-3"), (3,))
-    assert isinstance(writes[2], JobStatusWrite) and isinstance(writes[4], MakeGang)
-    assert isinstance(writes[9], MakeLauncher) and isinstance(writes[10], MakeScaler)
+    # The events after the statuses they tell of, before any child is touched.
+    assert writes[4] == TellEvents(
+        (Event("Normal", "Saved", "step 7"),), ((("ScaleIn", "less"), SCALING),)
+    )
+    assert writes[6] == HostList(("j-worker-0", "j-worker-3"))
+    assert writes[7:9] == [DeletePod("j-worker-1", False), DeletePod("j-worker-2", True)]
+    assert writes[9] == WorkerObjects(("j-worker-0", "j-worker-3"), (3,))
+    assert isinstance(writes[2], JobStatusWrite) and isinstance(writes[5], MakeGang)
+    assert isinstance(writes[10], MakeLauncher) and isinstance(writes[11], MakeScaler)
     # Kueue's last (after the pods: a shrink gives its quota back once done), deletes first.
-    assert writes[11:] == [
+    assert writes[12:] == [
         DeleteWorkload("w-grow-3"),
         MakeWorkload("w-grow-4", 2, "w-surplus", True),
         MakeWorkload("w", 2, None, False),
@@ -134,5 +143,21 @@ def test_a_job_whose_pods_may_not_be_touched_gets_its_statuses_only() -> None:
     writes = ordered(EVERYTHING, pods=False, queue=QUEUE)
     assert kinds(writes) == [
         "MakeBasics", "MakeLauncherAccess", "UpdateLauncherRole",
-        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas",
+        "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "TellEvents",
     ]  # fmt: skip
+
+
+def test_a_pass_s_events_are_one_write_in_the_order_they_were_told() -> None:
+    d = Draft(inp(jspec(), {}, []))
+    lost, scaling = Event("Warning", "WorkerLost", "j-worker-1"), Event("Normal", "Scaling", "x")
+    d.plan.tell(lost)
+    d.plan.tell(scaling, ("ScaleIn", "less"))
+    d.plan.tell(Event("Normal", "WorkerReplaced", "j-worker-2"))
+    told = [w for w in ordered(d.plan, pods=False, queue=None) if isinstance(w, TellEvents)]
+    assert told == [
+        TellEvents(
+            (lost, Event("Normal", "WorkerReplaced", "j-worker-2")),
+            ((("ScaleIn", "less"), scaling),),
+        )
+    ]
+    assert d.plan.scaler_events == {("ScaleIn", "less"): [scaling]}
