@@ -11,26 +11,7 @@ from typing import Any, TypeVar
 
 from etoperator.api.statuses import JobStatus, ScalerStatus
 from etoperator.builders.common import Placement
-from etoperator.planning.kinds import (
-    AdoptScaler,
-    DeletePod,
-    DeleteWorkload,
-    HostList,
-    MakeBasics,
-    MakeGang,
-    MakeLauncher,
-    MakeLauncherAccess,
-    MakeScaler,
-    MakeWorkload,
-    QueueWrite,
-    ScalerStatusWrite,
-    SpecReplicas,
-    TellEvents,
-    UpdateLauncherRole,
-    UpdateWorkload,
-    WorkerObjects,
-    Write,
-)
+from etoperator.planning import kinds as k
 from etoperator.status import Event
 
 W = TypeVar("W")
@@ -39,7 +20,7 @@ W = TypeVar("W")
 @dataclass
 class Plan:
     status: JobStatus  # the job's, as the pass writes it (JobStatusWrite when it changed)
-    writes: list[Write] = field(default_factory=list)  # as the steps emitted them
+    writes: list[k.Write] = field(default_factory=list)  # as the steps emitted them
     requeue: float = 60.0  # steady state: a resync now and then; events wake us sooner
     pending: list[str] = field(default_factory=list)  # why the next pass should come soon
     settled_scalers: list[tuple[str, str, str]] = field(default_factory=list)  # kind, result, secs
@@ -52,13 +33,13 @@ class Plan:
     surplus_workers: list[int] = field(default_factory=list)  # of the workers created
     placement: dict[str, Placement] = field(default_factory=dict)  # for the pods it creates
 
-    def emit(self, write: Write, replaces: Callable[[Write], bool] | None = None) -> None:
+    def emit(self, write: k.Write, replaces: Callable[[k.Write], bool] | None = None) -> None:
         """A write added; `replaces`: which earlier ones it stands for (dropped)."""
         if replaces is not None:
             self.writes = [w for w in self.writes if not replaces(w)]
         self.writes.append(write)
 
-    def put(self, write: Write) -> None:
+    def put(self, write: k.Write) -> None:
         """A write of which a pass makes one: a later one stands for the earlier."""
         self.emit(write, lambda w: type(w) is type(write))
 
@@ -75,16 +56,16 @@ class Plan:
     def tell(self, event: Event, scaler: tuple[str, str] | None = None) -> None:
         """An event of the job (of scaler `scaler`, kind and name): the pass tells them all
         at once, after its statuses."""
-        told = self.one(TellEvents) or TellEvents()
+        told = self.one(k.TellEvents) or k.TellEvents()
         if scaler is None:
-            self.put(TellEvents((*told.job, event), told.scalers))
+            self.put(k.TellEvents((*told.job, event), told.scalers))
         else:
-            self.put(TellEvents(told.job, (*told.scalers, (scaler, event))))
+            self.put(k.TellEvents(told.job, (*told.scalers, (scaler, event))))
 
     def stop_at_once(self, names: list[str]) -> None:
         """Those of the pods deleted stopped at once (victims past their drain)."""
         self.writes = [
-            DeletePod(w.name, True) if isinstance(w, DeletePod) and w.name in names else w
+            k.DeletePod(w.name, True) if isinstance(w, k.DeletePod) and w.name in names else w
             for w in self.writes
         ]
 
@@ -92,103 +73,105 @@ class Plan:
     @property
     def hosts(self) -> list[str] | None:
         """The host list this pass publishes; None: the ConfigMap's is left as it is."""
-        w = self.one(HostList)
+        w = self.one(k.HostList)
         return list(w.hosts) if w else None
 
     @property
     def events(self) -> list[Event]:
-        told = self.one(TellEvents)
+        told = self.one(k.TellEvents)
         return list(told.job) if told else []
 
     @property
     def scaler_events(self) -> dict[tuple[str, str], list[Event]]:
-        told, by = self.one(TellEvents), dict[tuple[str, str], list[Event]]()
+        told, by = self.one(k.TellEvents), dict[tuple[str, str], list[Event]]()
         for scaler, event in told.scalers if told else ():
             by.setdefault(scaler, []).append(event)
         return by
 
     @property
     def delete_pods(self) -> list[str]:
-        return [w.name for w in self.of(DeletePod)]
+        return [w.name for w in self.of(k.DeletePod)]
 
     @property
     def stop_now(self) -> list[str]:
-        return [w.name for w in self.of(DeletePod) if w.now]
+        return [w.name for w in self.of(k.DeletePod) if w.now]
 
     @property
     def create_workers(self) -> list[int]:
-        w = self.one(WorkerObjects)
+        w = self.one(k.WorkerObjects)
         return list(w.indices) if w else []
 
     @property
     def services(self) -> list[str]:
-        w = self.one(WorkerObjects)
+        w = self.one(k.WorkerObjects)
         return list(w.services) if w else []
 
     @property
     def create_launcher(self) -> bool:
-        return self.one(MakeLauncher) is not None
+        return self.one(k.MakeLauncher) is not None
 
     @property
     def make_gang(self) -> bool:
-        return self.one(MakeGang) is not None
+        return self.one(k.MakeGang) is not None
 
     @property
     def spec_replicas(self) -> int | None:
-        w = self.one(SpecReplicas)
+        w = self.one(k.SpecReplicas)
         return w.replicas if w else None
 
     @property
     def scaler_status(self) -> dict[tuple[str, str], ScalerStatus]:
-        return {w.kind_name: w.status for w in self.of(ScalerStatusWrite)}
+        return {w.kind_name: w.status for w in self.of(k.ScalerStatusWrite)}
 
     @property
     def adopt_scalers(self) -> list[tuple[str, str]]:
-        return [w.kind_name for w in self.of(AdoptScaler)]
+        return [w.kind_name for w in self.of(k.AdoptScaler)]
 
     @property
     def create_scalers(self) -> list[dict[str, Any]]:
-        return [w.wanted for w in self.of(MakeScaler)]
+        return [w.wanted for w in self.of(k.MakeScaler)]
 
     @property
     def make_secret(self) -> bool:
-        w = self.one(MakeBasics)
+        w = self.one(k.MakeBasics)
         return bool(w and w.secret)
 
     @property
     def make_config_map(self) -> bool:
-        w = self.one(MakeBasics)
+        w = self.one(k.MakeBasics)
         return bool(w and w.config_map)
 
     @property
     def make_access(self) -> tuple[tuple[str, str], ...]:
-        w = self.one(MakeLauncherAccess)
+        w = self.one(k.MakeLauncherAccess)
         return w.objects if w else ()
 
     @property
     def update_role(self) -> bool:
-        return self.one(UpdateLauncherRole) is not None
+        return self.one(k.UpdateLauncherRole) is not None
 
     # Kueue's.
     @property
-    def queue_writes(self) -> list[QueueWrite]:
+    def queue_writes(self) -> list[k.QueueWrite]:
         return [
-            w for w in self.writes if isinstance(w, DeleteWorkload | MakeWorkload | UpdateWorkload)
+            w
+            for w in self.writes
+            if isinstance(w, k.DeleteWorkload | k.MakeWorkload | k.UpdateWorkload)
         ]
 
-    def made(self, surplus: bool, slice_: bool) -> MakeWorkload | None:
+    def made(self, surplus: bool, slice_: bool) -> k.MakeWorkload | None:
         """The core, the surplus or a slice (`replacing` set) this pass makes."""
-        kind = [w for w in self.of(MakeWorkload)
+        kind = [w for w in self.of(k.MakeWorkload)
                 if w.surplus == surplus and (w.replacing is not None) == slice_]  # fmt: skip
         return kind[0] if kind else None
 
-    def updated(self, core: bool) -> UpdateWorkload:
-        found = [w for w in self.of(UpdateWorkload) if w.core == core]
-        return found[0] if found else UpdateWorkload(core)
+    def updated(self, core: bool) -> k.UpdateWorkload:
+        found = [w for w in self.of(k.UpdateWorkload) if w.core == core]
+        return found[0] if found else k.UpdateWorkload(core)
 
     @property
     def delete_workloads(self) -> list[str]:
-        return [w.name for w in self.of(DeleteWorkload)]
+        return [w.name for w in self.of(k.DeleteWorkload)]
 
     @property
     def make_workload(self) -> int | None:

@@ -28,27 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etoperator.api.statuses import ScalerStatus
-from etoperator.planning.kinds import (
-    AdoptScaler,
-    DeletePod,
-    DeleteWorkload,
-    DropWorkloads,
-    HostList,
-    JobStatusWrite,
-    MakeBasics,
-    MakeGang,
-    MakeLauncher,
-    MakeLauncherAccess,
-    MakeScaler,
-    MakeWorkload,
-    ScalerStatusWrite,
-    SpecReplicas,
-    TellEvents,
-    UpdateLauncherRole,
-    UpdateWorkload,
-    WorkerObjects,
-    Write,
-)
+from etoperator.planning import kinds as k
 from etoperator.planning.plan import Plan
 
 
@@ -84,17 +64,17 @@ class OrphanScalerStatus:
 OffPass = ScriptCondition | OrphanScalerStatus
 
 
-def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[Write]:
+def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[k.Write]:
     """The plan's writes in order: a stable sort by ORDER (writes of one kind keep the order
     the steps emitted them in). `pods`: the job's children may be touched this pass (its spec
     parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is in a
     queue or still has Workloads (None: Kueue's writes are dropped; its queue label gone: all
     its Workloads are)."""
-    kueue = (DeleteWorkload, MakeWorkload, UpdateWorkload)
+    kueue = (k.DeleteWorkload, k.MakeWorkload, k.UpdateWorkload)
     own = queue is not None and queue.labelled
-    writes: list[Write] = [w for w in plan.writes if own or not isinstance(w, kueue)]
+    writes: list[k.Write] = [w for w in plan.writes if own or not isinstance(w, kueue)]
     if queue is not None and not queue.labelled:
-        writes.append(DropWorkloads())
+        writes.append(k.DropWorkloads())
     kept = [w for w in writes if pods or STAGES[type(w)] is not Stage.CHILDREN]
     return sorted(kept, key=lambda w: RANK[type(w)])
 
@@ -107,15 +87,17 @@ class Stage(enum.IntEnum):
 
 # The one order of a pass's writes, by stage (the module's docstring says why).
 ORDER: tuple[tuple[Stage, tuple[type, ...]], ...] = (
-    (Stage.BASICS, (MakeBasics, MakeLauncherAccess, UpdateLauncherRole)),
-    (Stage.STATUSES, (AdoptScaler, ScalerStatusWrite, JobStatusWrite, SpecReplicas, TellEvents)),
-    (Stage.CHILDREN, (MakeGang, HostList, DeletePod, WorkerObjects, MakeLauncher, MakeScaler,
-                      DropWorkloads, DeleteWorkload, MakeWorkload, UpdateWorkload)),
+    (Stage.BASICS, (k.MakeBasics, k.MakeLauncherAccess, k.UpdateLauncherRole)),
+    (Stage.STATUSES, (k.AdoptScaler, k.ScalerStatusWrite, k.JobStatusWrite, k.SpecReplicas,
+                      k.TellEvents)),
+    (Stage.CHILDREN, (k.MakeGang, k.HostList, k.DeletePod, k.WorkerObjects, k.MakeLauncher,
+                      k.MakeScaler, k.DropWorkloads, k.DeleteWorkload, k.MakeWorkload,
+                      k.UpdateWorkload)),
 )  # fmt: skip
 RANK: dict[type, int] = {kind: i for i, kind in enumerate(k for _, ks in ORDER for k in ks)}
 STAGES: dict[type, Stage] = {kind: stage for stage, kinds in ORDER for kind in kinds}
 
 
-def staged(writes: list[Write], stage: Stage) -> list[Write]:
+def staged(writes: list[k.Write], stage: Stage) -> list[k.Write]:
     """The writes of one stage, in their order."""
     return [w for w in writes if STAGES[type(w)] is stage]

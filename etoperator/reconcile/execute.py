@@ -21,27 +21,7 @@ from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.clock import iso
 from etoperator.kube import AlreadyExists, Conflict, Kube
-from etoperator.planning.kinds import (
-    AdoptScaler,
-    DeletePod,
-    DeleteWorkload,
-    DropWorkloads,
-    HostList,
-    JobStatusWrite,
-    MakeBasics,
-    MakeGang,
-    MakeLauncher,
-    MakeLauncherAccess,
-    MakeScaler,
-    MakeWorkload,
-    ScalerStatusWrite,
-    SpecReplicas,
-    TellEvents,
-    UpdateLauncherRole,
-    UpdateWorkload,
-    WorkerObjects,
-    Write,
-)
+from etoperator.planning import kinds as k
 from etoperator.planning.plan import Plan
 from etoperator.planning.scaling import SCRIPT_EXECUTED
 from etoperator.planning.writes import OffPass, OrphanScalerStatus, ScriptCondition
@@ -82,24 +62,24 @@ class Executor:
 
     def __post_init__(self) -> None:
         self.table = {
-            MakeBasics: self.make_basics,
-            MakeLauncherAccess: self.make_access,
-            UpdateLauncherRole: self.update_role,
-            AdoptScaler: self.adopt_scaler,
-            ScalerStatusWrite: self.scaler_status,
-            JobStatusWrite: self.job_status,
-            SpecReplicas: self.spec_replicas,
-            TellEvents: self.tell,
-            MakeGang: self.make_gang,
-            HostList: self.host_list,
-            DeletePod: self.delete_pod,
-            WorkerObjects: self.worker_objects,
-            MakeLauncher: self.make_launcher,
-            MakeScaler: self.make_scaler,
-            DropWorkloads: self.drop_workloads,
-            DeleteWorkload: self.delete_workload,
-            MakeWorkload: self.make_workload,
-            UpdateWorkload: self.update_workload,
+            k.MakeBasics: self.make_basics,
+            k.MakeLauncherAccess: self.make_access,
+            k.UpdateLauncherRole: self.update_role,
+            k.AdoptScaler: self.adopt_scaler,
+            k.ScalerStatusWrite: self.scaler_status,
+            k.JobStatusWrite: self.job_status,
+            k.SpecReplicas: self.spec_replicas,
+            k.TellEvents: self.tell,
+            k.MakeGang: self.make_gang,
+            k.HostList: self.host_list,
+            k.DeletePod: self.delete_pod,
+            k.WorkerObjects: self.worker_objects,
+            k.MakeLauncher: self.make_launcher,
+            k.MakeScaler: self.make_scaler,
+            k.DropWorkloads: self.drop_workloads,
+            k.DeleteWorkload: self.delete_workload,
+            k.MakeWorkload: self.make_workload,
+            k.UpdateWorkload: self.update_workload,
         }
 
         self.off_pass = {
@@ -107,7 +87,7 @@ class Executor:
             OrphanScalerStatus: self.orphan_status,
         }
 
-    def run(self, p: Pass, w: Write) -> None:
+    def run(self, p: Pass, w: k.Write) -> None:
         self.table[type(w)](p, w)
 
     def alone(self, w: OffPass) -> bool:
@@ -132,17 +112,17 @@ class Executor:
         return new
 
     # The basics: what stood in the way holds the pass's children back.
-    def make_basics(self, p: Pass, w: MakeBasics) -> None:
+    def make_basics(self, p: Pass, w: k.MakeBasics) -> None:
         p.acted.held += self.children.make_basics(p.obs, w.secret, w.config_map)
 
-    def make_access(self, p: Pass, w: MakeLauncherAccess) -> None:
+    def make_access(self, p: Pass, w: k.MakeLauncherAccess) -> None:
         self.children.make_launcher_access(p.obs, w.objects)
 
-    def update_role(self, p: Pass, w: UpdateLauncherRole) -> None:
+    def update_role(self, p: Pass, w: k.UpdateLauncherRole) -> None:
         self.children.update_launcher_role(p.obs)
 
     # The statuses, each preconditioned on the version read (a 409 ends the pass).
-    def adopt_scaler(self, p: Pass, w: AdoptScaler) -> None:
+    def adopt_scaler(self, p: Pass, w: k.AdoptScaler) -> None:
         refs = p.scalers[w.kind_name]["metadata"].get("ownerReferences") or []
         meta = p.job["metadata"]
         owner = Owner(naming.JOB_KIND, meta["name"], meta["uid"])
@@ -150,20 +130,20 @@ class Executor:
         change = {"metadata": {"ownerReferences": [*others, owner.reference()]}}
         p.scalers[w.kind_name] = self.write(p.scalers[w.kind_name], change)
 
-    def scaler_status(self, p: Pass, w: ScalerStatusWrite) -> None:
+    def scaler_status(self, p: Pass, w: k.ScalerStatusWrite) -> None:
         scaler = p.scalers[w.kind_name]
         change = {"status": merge_patch(scaler.get("status") or {}, w.status.to_dict())}
         self.write(scaler, change, "status")
 
-    def job_status(self, p: Pass, w: JobStatusWrite) -> None:
+    def job_status(self, p: Pass, w: k.JobStatusWrite) -> None:
         change = {"status": merge_patch(p.job.get("status") or {}, w.status.to_dict())}
         p.job = self.write({**p.job, "kind": naming.JOB_KIND}, change, sub="status")
 
-    def spec_replicas(self, p: Pass, w: SpecReplicas) -> None:
+    def spec_replicas(self, p: Pass, w: k.SpecReplicas) -> None:
         replicas = {"worker": {"replicas": w.replicas}}
         self.write({**p.job, "kind": naming.JOB_KIND}, {"spec": {"etReplicaSpecs": replicas}})
 
-    def tell(self, p: Pass, w: TellEvents) -> None:
+    def tell(self, p: Pass, w: k.TellEvents) -> None:
         """The pass's events, after the status writes they tell of, handed to the recorder
         (which posts them off the pass); the job's logged and counted."""
         meta = p.job["metadata"]
@@ -180,24 +160,24 @@ class Executor:
             self.recorder.post(body, ev.type, ev.reason, ev.message, now)
 
     # The children: what stood in the way goes into `acted`.
-    def make_gang(self, p: Pass, w: MakeGang) -> None:
+    def make_gang(self, p: Pass, w: k.MakeGang) -> None:
         self.gangs.make(self.spec(p))
 
-    def host_list(self, p: Pass, w: HostList) -> None:
+    def host_list(self, p: Pass, w: k.HostList) -> None:
         self.children.publish(p.obs, self.spec(p), w.hosts)
 
-    def delete_pod(self, p: Pass, w: DeletePod) -> None:
+    def delete_pod(self, p: Pass, w: k.DeletePod) -> None:
         self.children.delete_pod(p.obs, self.spec(p), w.name, w.now)
 
-    def worker_objects(self, p: Pass, w: WorkerObjects) -> None:
+    def worker_objects(self, p: Pass, w: k.WorkerObjects) -> None:
         made = self.children.worker_objects(p.obs, self.spec(p), p.plan, w.services, w.indices)
         p.acted.problems += made.problems
         p.acted.squatted += made.squatted
 
-    def make_launcher(self, p: Pass, w: MakeLauncher) -> None:
+    def make_launcher(self, p: Pass, w: k.MakeLauncher) -> None:
         p.acted.problems += self.children.launcher(p.obs, self.spec(p), p.plan)
 
-    def make_scaler(self, p: Pass, w: MakeScaler) -> None:
+    def make_scaler(self, p: Pass, w: k.MakeScaler) -> None:
         """`kubectl scale`'s change as a scaler; one of that name not made for it is in the
         way until renamed or deleted."""
         spec, wanted = self.spec(p), w.wanted
@@ -249,26 +229,26 @@ class Executor:
         return True
 
     # Kueue's Workloads.
-    def drop_workloads(self, p: Pass, w: DropWorkloads) -> None:
+    def drop_workloads(self, p: Pass, w: k.DropWorkloads) -> None:
         for body in p.obs.workloads:
             meta = body["metadata"]
             self.kube.delete(naming.WORKLOAD_KIND, meta["namespace"], meta["name"], meta["uid"])
 
-    def delete_workload(self, p: Pass, w: DeleteWorkload) -> None:
+    def delete_workload(self, p: Pass, w: k.DeleteWorkload) -> None:
         ns = self.spec(p).namespace
         uid = next((b["metadata"]["uid"] for b in p.obs.workloads
                     if b["metadata"]["name"] == w.name), None)  # fmt: skip
         if self.kube.delete(naming.WORKLOAD_KIND, ns, w.name, uid):
             log.info("Deleted Workload namespace=%s name=%s", ns, w.name)
 
-    def make_workload(self, p: Pass, w: MakeWorkload) -> None:
+    def make_workload(self, p: Pass, w: k.MakeWorkload) -> None:
         spec = self.spec(p)
         owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
         p.acted.problems += self.queues.make(
             spec, owner, w.name, w.workers, w.replacing, surplus=w.surplus
         )
 
-    def update_workload(self, p: Pass, w: UpdateWorkload) -> None:
+    def update_workload(self, p: Pass, w: k.UpdateWorkload) -> None:
         core, surplus = families(p.obs.workloads)
         body = core if w.core else surplus
         if body is None or body["metadata"]["name"] in p.plan.delete_workloads:
