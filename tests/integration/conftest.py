@@ -4,6 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from etoperator import naming
 from tests.conftest import real_nodes_missing
 from tests.harness import Cluster, start_cluster
 
@@ -38,6 +39,11 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
         pods = cluster.kubectl("get", "pods", "-n", name, "-o", "wide", check=False).stdout
         events = cluster.kubectl("get", "events", "-n", name, check=False).stdout
         print(f"--- pods ---\n{pods}--- events ---\n{events}")
+        # What the training said: Horovod's driver and rank 0 print in the launcher's log.
+        launchers = f"{naming.LABEL_ROLE}={naming.ROLE_LAUNCHER}"
+        said = cluster.kubectl("logs", "-n", name, "-l", launchers, "--tail=60", "--prefix",
+                               check=False).stdout  # fmt: skip
+        print(f"--- launchers' last lines ---\n{said}")
     cluster.release()  # a test that failed while holding pods must not hold the next one's
     # Nor leave a fault armed or the operator down: one test killed it after it had failed
     # (its crash still armed), and every later test of its half waited on no operator.
