@@ -110,9 +110,14 @@ class DeletePod:
 
 
 @dataclass(frozen=True)
+class DeleteService:
+    name: str  # a worker's Service no pod of the job goes with
+
+
+@dataclass(frozen=True)
 class WorkerObjects:
-    """The workers' Services made equal to `services` and the pods of `indices` created, all at
-    once (independent creates)."""
+    """The workers' Services of `services` that are missing and the pods of `indices`
+    created, all at once (independent creates)."""
 
     services: tuple[str, ...]
     indices: tuple[int, ...]
@@ -130,6 +135,7 @@ class MakeScaler:
 
 Write = (
     MakeBasics | MakeLauncherAccess | UpdateLauncherRole | AdoptScaler | ScalerStatusWrite
-    | JobStatusWrite | SpecReplicas | TellEvents | MakeGang | HostList | DeletePod | WorkerObjects
+    | JobStatusWrite | SpecReplicas | TellEvents | MakeGang | HostList | DeletePod | DeleteService
+    | WorkerObjects
     | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
 )  # fmt: skip

@@ -11,12 +11,14 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.api.statuses import JobStatus
+from etoperator.builders import runtimes
 from etoperator.clock import iso
 from etoperator.planning import gangs, queueing, surplus
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import wind_down
 from etoperator.planning.kinds import (
     AdoptScaler,
+    DeleteService,
     HostList,
     JobStatusWrite,
     MakeBasics,
@@ -258,6 +260,9 @@ def complete_plan(d: Draft) -> Plan:
         keep |= {naming.worker_name(job_spec.name, i) for i in creating}
         if d.phase not in st.TERMINAL:
             keep |= members
+        kept = keep | set(runtimes.of(job_spec).services(job_spec))
+        for gone in sorted(set(d.inp.services) - kept):
+            d.plan.emit(DeleteService(gone))
         d.plan.put(WorkerObjects(tuple(sorted(keep)), tuple(creating)))
 
         run_pods = [

@@ -178,3 +178,4 @@ class JobInput:
     # While a ScaleOut waits for Horovod: the launcher's last lines naming its new workers.
     launcher_said: tuple[str, ...] = ()
     saved: str = ""  # the save the job's last launcher reported as its pod went (the handshake)
+    services: tuple[str, ...] = ()  # the job's Services, as the watches show them

@@ -90,7 +90,8 @@ ORDER: tuple[tuple[Stage, tuple[type, ...]], ...] = (
     (Stage.BASICS, (k.MakeBasics, k.MakeLauncherAccess, k.UpdateLauncherRole)),
     (Stage.STATUSES, (k.AdoptScaler, k.ScalerStatusWrite, k.JobStatusWrite, k.SpecReplicas,
                       k.TellEvents)),
-    (Stage.CHILDREN, (k.MakeGang, k.HostList, k.DeletePod, k.WorkerObjects, k.MakeLauncher,
+    (Stage.CHILDREN, (k.MakeGang, k.HostList, k.DeletePod, k.DeleteService,
+                      k.WorkerObjects, k.MakeLauncher,
                       k.MakeScaler, k.DropWorkloads, k.DeleteWorkload, k.MakeWorkload,
                       k.UpdateWorkload)),
 )  # fmt: skip

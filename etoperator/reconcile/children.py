@@ -226,15 +226,11 @@ class Children:
         services: tuple[str, ...],
         indices: tuple[int, ...],
     ) -> Acted:
-        """Services no longer wanted deleted; wanted Services and the new workers' pods created
-        at once; what was in the way, and which worker names others' pods hold."""
-        ns, name = spec.namespace, spec.name
+        """The wanted Services missing and the new workers' pods created at once; what was in
+        the way, and which worker names others' pods hold."""
+        name = spec.name
         owner = Owner(naming.JOB_KIND, name, spec.uid)
         existing = {s["metadata"]["name"]: s for s in obs.services}
-        kept = runtimes.of(spec).services(spec)
-        for svc_name, svc in existing.items():
-            if svc_name not in services and svc_name not in kept:
-                self.kube.delete("Service", ns, svc_name, svc["metadata"].get("uid"))
         unseen = self.writes.unseen(obs)
         made = [
             pods.worker_service(spec, owner, windex)

@@ -73,6 +73,7 @@ class Executor:
             k.MakeGang: self.make_gang,
             k.HostList: self.host_list,
             k.DeletePod: self.delete_pod,
+            k.DeleteService: self.delete_service,
             k.WorkerObjects: self.worker_objects,
             k.MakeLauncher: self.make_launcher,
             k.MakeScaler: self.make_scaler,
@@ -168,6 +169,11 @@ class Executor:
 
     def delete_pod(self, p: Pass, w: k.DeletePod) -> None:
         self.children.delete_pod(p.obs, self.spec(p), w.name, w.now)
+
+    def delete_service(self, p: Pass, w: k.DeleteService) -> None:
+        found = [s for s in p.obs.services if s["metadata"]["name"] == w.name]
+        uid = found[0]["metadata"].get("uid") if found else None
+        self.kube.delete("Service", self.spec(p).namespace, w.name, uid)
 
     def worker_objects(self, p: Pass, w: k.WorkerObjects) -> None:
         made = self.children.worker_objects(p.obs, self.spec(p), p.plan, w.services, w.indices)

@@ -244,6 +244,7 @@ class JobReconciler:
             gang=gang,
             launcher_said=self.observer.launcher_said(obs, scalers),
             saved=self.observer.saved.get(job_prefix(namespace, name), ""),
+            services=tuple(s["metadata"]["name"] for s in obs.services),
         )
         return inp, basics
 

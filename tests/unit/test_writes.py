@@ -3,6 +3,7 @@ any two of them harmless."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from etoperator.api.statuses import JobStatus, ScaleInStatus
@@ -11,6 +12,7 @@ from etoperator.planning.draft import Draft
 from etoperator.planning.kinds import (
     AdoptScaler,
     DeletePod,
+    DeleteService,
     DeleteWorkload,
     DropWorkloads,
     HostList,
@@ -30,7 +32,7 @@ from etoperator.planning.kinds import (
 )
 from etoperator.planning.writes import Queueing, ordered
 from etoperator.status import Event
-from tests.unit.test_planning import inp, jspec, launcher, w
+from tests.unit.test_planning import inp, jspec, launcher, running_status, w
 
 SCALING = Event("Normal", "Scaling", "removing j-worker-2")
 EVERYTHING = Plan(
@@ -47,6 +49,7 @@ EVERYTHING = Plan(
         SpecReplicas(2),
         TellEvents((Event("Normal", "Saved", "step 7"),), ((("ScaleIn", "less"), SCALING),)),
         DeletePod("j-worker-2", True),
+        DeleteService("j-worker-1"),
         MakeGang(),
         DeleteWorkload("w-grow-3"),
         JobStatusWrite(JobStatus(phase="Running")),
@@ -76,8 +79,8 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     )
     assert kinds(writes) == [
         "AdoptScaler", "ScalerStatusWrite", "JobStatusWrite", "SpecReplicas", "TellEvents",
-        "MakeGang",
-        "HostList", "DeletePod", "DeletePod", "WorkerObjects", "MakeLauncher", "MakeScaler",
+        "MakeGang", "HostList", "DeletePod", "DeletePod", "DeleteService", "WorkerObjects",
+        "MakeLauncher", "MakeScaler",
         "DeleteWorkload", "MakeWorkload", "MakeWorkload", "MakeWorkload", "UpdateWorkload",
         "UpdateWorkload",
     ]  # fmt: skip
@@ -90,11 +93,14 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
     )
     assert writes[6] == HostList(("j-worker-0", "j-worker-3"))
     assert writes[7:9] == [DeletePod("j-worker-1", False), DeletePod("j-worker-2", True)]
-    assert writes[9] == WorkerObjects(("j-worker-0", "j-worker-3"), (3,))
+    assert writes[9:11] == [
+        DeleteService("j-worker-1"),
+        WorkerObjects(("j-worker-0", "j-worker-3"), (3,)),
+    ]
     assert isinstance(writes[2], JobStatusWrite) and isinstance(writes[5], MakeGang)
-    assert isinstance(writes[10], MakeLauncher) and isinstance(writes[11], MakeScaler)
+    assert isinstance(writes[11], MakeLauncher) and isinstance(writes[12], MakeScaler)
     # Kueue's last (after the pods: a shrink gives its quota back once done), deletes first.
-    assert writes[12:] == [
+    assert writes[13:] == [
         DeleteWorkload("w-grow-3"),
         MakeWorkload("w-grow-4", 2, "w-surplus", True),
         MakeWorkload("w", 2, None, False),
@@ -161,3 +167,13 @@ def test_a_pass_s_events_are_one_write_in_the_order_they_were_told() -> None:
         )
     ]
     assert d.plan.scaler_events == {("ScaleIn", "less"): [scaling]}
+
+
+def test_a_service_no_worker_goes_with_is_deleted_those_of_its_workers_kept() -> None:
+    """Worker 2 gone (a ScaleIn): its Service goes; the members' stay, a new member's is made."""
+    job = inp(jspec(), running_status([0, 1, 3]), [w(0), w(1), w(3), launcher()])
+    job = dataclasses.replace(job, services=("j-worker-0", "j-worker-1", "j-worker-2"))
+    writes = ordered(plan_job(job), pods=True, queue=None)
+    assert [x for x in writes if isinstance(x, DeleteService)] == [DeleteService("j-worker-2")]
+    made = [x for x in writes if isinstance(x, WorkerObjects)]
+    assert made == [WorkerObjects(("j-worker-0", "j-worker-1", "j-worker-3"), ())]
