@@ -2,7 +2,7 @@
 # Builds Horovod 0.28.1 (CPU, Gloo, no MPI) for torch 2.13.0 and caches the wheel.
 #
 # Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, and turns
-# CUDA on whenever nvcc is found; both are patched here. Two behaviours are changed:
+# CUDA on whenever nvcc is found; both are patched here. Three behaviours are changed:
 # - once a Gloo context is connected, its operations wait HOROVOD_GLOO_OP_TIMEOUT_SECONDS
 #   (default 5) for a peer instead of the rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, 30):
 #   when a worker dies, the ranks waiting on a survivor that stopped answering fail within
@@ -11,7 +11,9 @@
 # - the elastic driver runs its host-discovery script (every second) as a plain child process:
 #   upstream starts a new Python interpreter for each call (a `spawn` middleman), 0.2 s of CPU
 #   a call on the launcher, 1-3 s on a loaded one, which also slowed how soon a host-list
-#   change was seen. Its exit code and output are used as before.
+#   change was seen. Its exit code and output are used as before;
+# - the driver's notice of a host change to rank 0 gives up on a connect after 2 s (twice):
+#   it is sent holding the lock the elastic reset needs, and a killed rank 0 never answers.
 # The wheel is cached under this script's hash: an edit here builds a new one.
 #
 # Usage: hack/build-horovod.sh [PYTHON]   (PYTHON: an interpreter that already has torch 2.13.0)
@@ -98,6 +100,34 @@ new = """        import subprocess
 """
 assert text.count(old) == 1
 open(path, "w").write(text.replace(old, new))
+PATCH
+# Telling the coordinator (rank 0) of a host change: its connect bounded (2 s, twice). The
+# driver does it holding the lock its reset needs; a killed rank 0's address answers nothing,
+# so every reset waited out connects to it (53-86 s of a kill's recovery, or past 300 s).
+"$PY" - "$src/horovod/runner/common/util/network.py" "$src/horovod/runner/elastic/worker.py" <<'PATCH'
+import sys
+net, worker = sys.argv[1:3]
+text = open(net).read()
+old = """            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.connect(addr)
+                rfile = sock.makefile('rb')"""
+new = """            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(getattr(self, '_connect_timeout', None))
+                sock.connect(addr)
+                sock.settimeout(None)
+                rfile = sock.makefile('rb')"""
+assert text.count(old) == 1
+open(net, "w").write(text.replace(old, new))
+text = open(worker).read()
+old = """                                                       match_intf=match_intf)
+"""
+new = """                                                       match_intf=match_intf)
+        self._connect_timeout, self._attempts = 2.0, 2
+"""
+assert text.count(old) == 1
+open(worker, "w").write(text.replace(old, new))
 PATCH
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO

@@ -4,6 +4,7 @@ scale-out, at several gaps)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from typing import Any
@@ -383,25 +384,32 @@ def test_a_worker_is_listed_only_once_the_launcher_resolves_its_name(
 def test_a_killed_worker_is_replaced_and_horovod_takes_the_new_one_in(
     cluster: Cluster, ns: str
 ) -> None:
-    """A worker's processes killed mid-training (restartPolicy OnFailure): Horovod's ranks
-    reset, the operator replaces the worker under a new index, and Horovod takes it in: the
-    job trains at 3 again, from where it was. Under the dead worker's name it never would:
+    """The worker holding rank 0 killed mid-training (restartPolicy OnFailure): Horovod's
+    ranks reset, the operator replaces the worker under a new index, and Horovod takes it in:
+    the job trains at 3 again, from where it was. Under the dead worker's name it never would:
     Horovod blacklists a failed host by name for the rest of the run (horovodrun without
-    --blacklist-cooldown-range)."""
+    --blacklist-cooldown-range). Rank 0 is the case that stalled: Horovod's driver tells rank
+    0 of each host change holding the lock its reset needs, and a dead rank 0 never answers
+    (the reset waited 50 s to over 300; the project's Horovod build bounds that connect)."""
     body = horovod_job("phoenix", 3, 1_000_000, minReplicas=1, workerRestartPolicy="OnFailure")
+    launcher = body["spec"]["etReplicaSpecs"]["launcher"]["template"]["spec"]["containers"][0]
+    launcher["command"].insert(1, "--verbose")  # its lines say which host each rank is on
     cluster.create(body, ns)
     tr = training(cluster, ns, "phoenix")
     wait_for(lambda: tr.first_step_at(3, 0), 180, "training at size 3", interval=0.5)
     before = max(s for s, *_ in tr.read().steps)
-    cluster.kill(ns, "phoenix-worker-2")
+    said = tr.read_log()
+    first = re.search(r"HOROVOD_HOSTNAME=(\S+) HOROVOD_RANK=0 ", said)
+    assert first is not None, said[-3000:]
+    cluster.kill(ns, first[1])
 
     def replaced() -> bool:
         hosts = cluster.hosts(ns, "phoenix")
-        return len(hosts) == 3 and "phoenix-worker-2" not in hosts
+        return len(hosts) == 3 and first[1] not in hosts
 
     wait_for(replaced, 120, "the replacement listed")
     listed = time.time()
-    wait_for(lambda: tr.first_step_at(3, listed), 180, "training at 3 again", interval=0.5)
+    wait_for(lambda: tr.first_step_at(3, listed), 40, "training at 3 again", interval=0.5)
     after = [s for s, _, _, t in tr.read().steps if t >= listed]
     assert min(after) >= before - 2, f"training went back to {min(after)} from {before}"
     assert cluster.phase(ns, "phoenix") == "Running"
