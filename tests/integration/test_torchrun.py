@@ -27,6 +27,7 @@ from localcluster.queues import (
     queued_job,
 )
 from localcluster.torchlogs import NOISE, Logbook, Seen
+from localcluster.tour import TRANSITION_TIMEOUT
 from tests.harness import Cluster, wait_for
 from tests.support import samples
 
@@ -226,9 +227,9 @@ def test_a_queued_torchrun_job_grows_through_a_slice_and_shrinks_when_preempted(
         since = time.time()
         cluster.create(scaleout("out", "tr", 1, timeout=120), ns)
         wait_for(lambda: cluster.phase(ns, "out", "ScaleOut") == "ScaleSucceeded", 150)
-        # As long as the grow-back below: under the suite's load 45.7 s of 60 once, and once
-        # over 60 (every rank joined, DDP's first broadcast 15 s later, no step yet).
-        grown = book.wait_at(3, since, 120)
+        # A new worker's first step, as the tour's resizes wait for it (TRANSITION_TIMEOUT):
+        # under the suite's load 45-85 s (every rank joined, DDP's first broadcast 15 s later).
+        grown = book.wait_at(3, since, TRANSITION_TIMEOUT)
         continued(grown, 3, since)
         assert admitted_workers(cluster, ns, "tr") == 3
         assert {r for _, r in grown.starts} == {0}
@@ -245,7 +246,7 @@ def test_a_queued_torchrun_job_grows_through_a_slice_and_shrinks_when_preempted(
         wait_for(lambda: cluster.phase(ns, "high") == "Running", 60, "the newcomer running")
         since = time.time()
         cluster.kubectl("delete", "tj", "high", "-n", ns, "--wait=false")
-        back = book.wait_at(3, since, 120)
+        back = book.wait_at(3, since, TRANSITION_TIMEOUT)
         continued(back, 3, since)
         assert (
             cluster.phase(ns, "tr") == "Running" and cluster.status(ns, "tr")["restartCount"] == 0
