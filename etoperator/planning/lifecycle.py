@@ -252,11 +252,8 @@ def complete_plan(d: Draft) -> Plan:
         held = {naming.worker_index(job_spec.name, m) for m in queueing.held_by_quota(d)}
         creating = queueing.within_admission(d, sorted(set(d.creating) & wanted - held))
         d.plan.surplus_workers = surplus.surplus_made(d, creating)
-        keep = {
-            p.name
-            for p in d.workers.values()
-            if not p.deleting and p.name not in d.plan.delete_pods
-        }
+        deleted = set(d.plan.delete_pods)  # read from the writes once, not once a worker
+        keep = {p.name for p in d.workers.values() if not p.deleting and p.name not in deleted}
         keep |= {naming.worker_name(job_spec.name, i) for i in creating}
         if d.phase not in st.TERMINAL:
             keep |= members
