@@ -218,13 +218,15 @@ class Draft:
         training = self.launcher is not None and self.launcher.phase == "Running"
         first = runtimes.of(self.spec).launcher_stops_first
         saving = first and training
+        now = []
         for pod in self.inp.pods:
             running = pod.role == naming.ROLE_WORKER and pod.phase == "Running"
             if saving and running:
                 continue  # until the launcher, asking for a save as it stops, is gone
             self.delete(pod.name)
             if first and running:
-                self.plan.stop_at_once([pod.name])
+                now.append(pod.name)
+        self.plan.stop_at_once(now)  # one pass over the writes, not one a pod
         if saving:
             self.await_pods("the launcher stops first, asking the training to save")
         # The host list Horovod reads empties once the launcher is gone (complete_plan): an
