@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -302,17 +303,21 @@ class RealNode:
     def pod_log(self, ns: str, name: str, uid: str) -> str:
         """What the pod's first container printed (all its runs), read from the kubelet's log
         files (CRI format: time, stream, tag, text) as `kubectl logs` would show it."""
-        files = sorted(
-            self.pod_log_dir(ns, name, uid).glob("*/*.log"),
-            key=lambda p: (p.parent.name, p.stat().st_mtime),
-        )
         out: list[str] = []
-        for f in files:
-            for line in f.read_text(errors="replace").splitlines():
+        for _, _, text in sorted(self._log_files(self.pod_log_dir(ns, name, uid))):
+            for line in text.splitlines():
                 parts = line.split(" ", 3)
                 if len(parts) == 4:
                     out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
         return "".join(out)
+
+    @staticmethod
+    def _log_files(pod_dir: Path) -> Iterator[tuple[str, float, str]]:
+        """Each log file's container, time and text; one the kubelet removes meanwhile (its
+        pod deleted) is left out."""
+        for path in pod_dir.glob("*/*.log"):
+            with contextlib.suppress(FileNotFoundError), path.open(errors="replace") as f:
+                yield path.parent.name, os.fstat(f.fileno()).st_mtime, f.read()
 
     def pod_cgroups(self, uid: str) -> list[Path]:
         """The cgroup directories (pids controller) of a pod's containers."""
