@@ -388,8 +388,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) in (5, 6):
         signal.signal(signal.SIGTERM, stop)
         return serve(int(argv[1]), argv[2], int(argv[3]), *argv[4:])
-    if argv[:1] == ["leave"] and len(argv) <= 2:
-        return leave(*argv[1:])
+    if argv[:1] == ["leave"] and len(argv) <= 2:  # no interpreter exit: an ask still in
+        os._exit(leave(*argv[1:]))  # torch's C++ client (a thread) aborted it (SIGABRT)
     usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST] | leave [REQUEST]"
     print(usage, file=sys.stderr)
     return 2
