@@ -146,21 +146,12 @@ def admitted(live: list[dict[str, Any]], cq: str) -> int:
     return total
 
 
-def pods_request(pods: list[dict[str, Any]], accounted: set[str] | None = None) -> int:
-    """What the jobs' pods that hold their nodes' resources ask for (all but those ended; one
-    being deleted runs until it is gone). `accounted`: the jobs that have a Workload; a pod
-    being deleted of a job with none (a deleted job's, its Workload gone with it) is outside
-    Kueue's account, as its own Job integration frees a job's quota once its pods terminate."""
+def pods_request(pods: list[dict[str, Any]]) -> int:
+    """What the jobs' pods that hold their nodes' resources ask for: all but those ended (one
+    being deleted runs until it is gone, a deleted job's too: its Workloads stay until then)."""
     total = 0
     for pod in pods:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        job = (pod["metadata"].get("labels") or {}).get(naming.LABEL_JOB)
-        if (
-            accounted is not None
-            and pod["metadata"].get("deletionTimestamp")
-            and (job not in accounted)
-        ):
             continue
         for c in pod["spec"]["containers"]:
             total += millicpu(((c.get("resources") or {}).get("requests") or {}).get("cpu"))
@@ -230,8 +221,7 @@ class QuotaWatch:
         live = workloads(self.cluster, self.ns)
         ceiling = max(before, reserved(self.cluster, self.cq), admitted(live, self.cq))
         found = {}
-        accounted = {(w["metadata"].get("labels") or {}).get(naming.LABEL_JOB) for w in live}
-        asked = pods_request(pods, {j for j in accounted if j})
+        asked = pods_request(pods)
         if asked > ceiling:
             names = sorted(p["metadata"]["name"] for p in pods)
             found["quota"] = f"pods ask {asked}m, {self.cq} reserves {ceiling}m: {names}"

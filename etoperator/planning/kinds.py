@@ -42,7 +42,16 @@ class UpdateWorkload:
     release: str = ""  # the eviction's reason, when the admission is given back
 
 
-QueueWrite = DeleteWorkload | MakeWorkload | UpdateWorkload
+@dataclass(frozen=True)
+class OwnWorkload:
+    """A Workload owned by the job's pods as well as by the job: deleted with the job, the
+    garbage collector keeps it (and Kueue its quota) until the last of them is gone."""
+
+    name: str
+    pods: tuple[tuple[str, str], ...]  # (name, uid)
+
+
+QueueWrite = DeleteWorkload | MakeWorkload | UpdateWorkload | OwnWorkload
 
 
 @dataclass(frozen=True)
@@ -138,4 +147,5 @@ Write = (
     | JobStatusWrite | SpecReplicas | TellEvents | MakeGang | HostList | DeletePod | DeleteService
     | WorkerObjects
     | MakeLauncher | MakeScaler | DropWorkloads | DeleteWorkload | MakeWorkload | UpdateWorkload
+    | OwnWorkload
 )  # fmt: skip

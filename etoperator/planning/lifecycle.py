@@ -126,6 +126,7 @@ def settle_after(d: Draft, phase: str | None) -> None:
         queueing.finished(d)  # ended this pass
     else:
         queueing.settle(d)
+    queueing.owned_by_pods(d)
     if d.phase not in st.TERMINAL:
         gangs.settle(d)
 

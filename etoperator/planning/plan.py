@@ -156,7 +156,7 @@ class Plan:
         return [
             w
             for w in self.writes
-            if isinstance(w, k.DeleteWorkload | k.MakeWorkload | k.UpdateWorkload)
+            if isinstance(w, k.DeleteWorkload | k.MakeWorkload | k.UpdateWorkload | k.OwnWorkload)
         ]
 
     def made(self, surplus: bool, slice_: bool) -> k.MakeWorkload | None:

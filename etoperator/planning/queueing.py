@@ -13,7 +13,7 @@ from etoperator import status as st
 from etoperator.builders import workload as wl
 from etoperator.planning.draft import Draft, Members
 from etoperator.planning.ends import fail_job
-from etoperator.planning.kinds import DeleteWorkload, MakeWorkload
+from etoperator.planning.kinds import DeleteWorkload, MakeWorkload, OwnWorkload
 from etoperator.planning.rules import workers
 from etoperator.planning.surplus import (
     ask_more,
@@ -88,6 +88,20 @@ def hold(d: Draft, q: QueueView) -> bool:
         d.plan.requeue = min(d.plan.requeue, 2.0)
     d.plan.placement = dict(q.placement)
     return False
+
+
+def owned_by_pods(d: Draft) -> None:
+    """Every Workload holding quota is owned by the job's pods (all of them, those being
+    deleted too): a job deleted takes its Workloads only once its pods are gone, so Kueue
+    never counts its quota free while they still run (no finalizer of ours: the garbage
+    collector does it, the operator there or not)."""
+    q = d.inp.queue
+    if q is None:
+        return
+    pods = tuple(sorted((p.name, p.uid) for p in d.inp.pods if p.uid))
+    for name, owners in q.owners:
+        if owners != {uid for _, uid in pods}:
+            d.plan.emit(OwnWorkload(name, pods))
 
 
 def make_core(d: Draft) -> None:

@@ -40,6 +40,7 @@ class PodView:
     reclaimed: bool = False
     overdue: bool = False  # reclaimed longer than its drain may take: it goes regardless
     age: float | None = None  # seconds since the pod was made (None: not told)
+    uid: str = ""
 
     @property
     def draining(self) -> bool:
@@ -115,6 +116,10 @@ class QueueView:
     # The surplus Workload family (workers above the core, at a lower priority: what a
     # preemption takes first); None when the job has none.
     surplus: QueueView | None = None
+    # Each Workload of the job that holds or asks quota (not finished, not being deleted): its
+    # name and the uids of the pods among its owners (the garbage collector keeps it until the
+    # last of them is gone).
+    owners: tuple[tuple[str, frozenset[str]], ...] = ()
 
     @property
     def room(self) -> int:

@@ -13,7 +13,9 @@ makes a crash or a 409 between any two writes harmless:
   job's pods may be touched at all: the gang's objects before the workers that join it; the
   host list before any pod is deleted (Horovod never lists a pod that is going); deletes; the
   workers' Services and pods; the launcher; the replicas scalers `kubectl scale` asked for;
-  last the Kueue Workload writes (after the pods, so a shrink gives its quota back once done).
+  last the Kueue Workload writes (after the pods, so a shrink gives its quota back once done),
+  the pods that hold a Workload's quota named its owners last (a patch of its metadata would
+  stale the version its other writes are preconditioned on).
 Off the list by design: scaler scripts (run on the launcher, recorded there;
 reconcile/scripts.py), and the making of the launcher's access, which MakeLauncherAccess hands
 to a pool of its own (a Role or binding can take the apiserver a second; the launcher waits
@@ -70,7 +72,7 @@ def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[k.Write]:
     parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is in a
     queue or still has Workloads (None: Kueue's writes are dropped; its queue label gone: all
     its Workloads are)."""
-    kueue = (k.DeleteWorkload, k.MakeWorkload, k.UpdateWorkload)
+    kueue = (k.DeleteWorkload, k.MakeWorkload, k.UpdateWorkload, k.OwnWorkload)
     own = queue is not None and queue.labelled
     writes: list[k.Write] = [w for w in plan.writes if own or not isinstance(w, kueue)]
     if queue is not None and not queue.labelled:
@@ -93,7 +95,7 @@ ORDER: tuple[tuple[Stage, tuple[type, ...]], ...] = (
     (Stage.CHILDREN, (k.MakeGang, k.HostList, k.DeletePod, k.DeleteService,
                       k.WorkerObjects, k.MakeLauncher,
                       k.MakeScaler, k.DropWorkloads, k.DeleteWorkload, k.MakeWorkload,
-                      k.UpdateWorkload)),
+                      k.UpdateWorkload, k.OwnWorkload)),
 )  # fmt: skip
 RANK: dict[type, int] = {kind: i for i, kind in enumerate(k for _, ks in ORDER for k in ks)}
 STAGES: dict[type, Stage] = {kind: stage for stage, kinds in ORDER for kind in kinds}

@@ -20,7 +20,7 @@ from etoperator.builders import scalers
 from etoperator.builders.common import Owner
 from etoperator.cache import Observed
 from etoperator.clock import iso
-from etoperator.kube import AlreadyExists, Conflict, Kube
+from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
 from etoperator.planning import kinds as k
 from etoperator.planning.plan import Plan
 from etoperator.planning.scaling import SCRIPT_EXECUTED
@@ -81,6 +81,7 @@ class Executor:
             k.DeleteWorkload: self.delete_workload,
             k.MakeWorkload: self.make_workload,
             k.UpdateWorkload: self.update_workload,
+            k.OwnWorkload: self.own_workload,
         }
 
         self.off_pass = {
@@ -260,6 +261,20 @@ class Executor:
         if body is None or body["metadata"]["name"] in p.plan.delete_workloads:
             return
         self.queues.update(body, w.resize, w.activate, list(w.conditions), w.release)
+
+    def own_workload(self, p: Pass, w: k.OwnWorkload) -> None:
+        """Its owners: the job (its controller) and the pods (a list replaced whole, on no
+        version: the next pass mends what a write between changed)."""
+        spec = self.spec(p)
+        refs = [Owner(naming.JOB_KIND, spec.name, spec.uid).reference()]
+        refs += [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+                 for name, uid in w.pods]  # fmt: skip
+        change = {"metadata": {"ownerReferences": refs}}
+        try:
+            self.kube.patch(naming.WORKLOAD_KIND, spec.namespace, w.name, change)
+        except ApiError as exc:
+            if exc.status != 404:  # gone meanwhile: nothing of it to keep
+                raise
 
     @staticmethod
     def spec(p: Pass) -> JobSpec:

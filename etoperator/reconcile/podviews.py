@@ -46,6 +46,7 @@ def classify(
                 surplus=worker and wl.LABEL_SURPLUS in (meta.get("labels") or {}),
                 saved="" if worker else said_saved(p),
                 age=age,
+                uid=str(meta.get("uid") or ""),
             )
         )
     return views

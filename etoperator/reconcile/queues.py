@@ -192,6 +192,18 @@ def read_family(
     )
 
 
+def pod_owners(bodies: list[dict[str, Any]]) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Pure: each Workload holding or asking quota, with the uids of the pods it is owned by."""
+    return tuple(
+        (b["metadata"]["name"], frozenset(
+            str(r.get("uid")) for r in b["metadata"].get("ownerReferences") or []
+            if r.get("kind") == "Pod"
+        ))
+        for b in bodies
+        if not is_true(b, "Finished") and not b["metadata"].get("deletionTimestamp")
+    )  # fmt: skip
+
+
 @dataclass
 class Queues:
     kube: Kube
@@ -218,6 +230,7 @@ class Queues:
         if not obs.workloads:
             return QueueView(queue=spec.queue, unmade=self._unmade.get(job_id(spec)))
         view = read_queue(spec.queue, spec.namespace, obs.workloads, self.clock())
+        view = dataclasses.replace(view, owners=pod_owners(obs.workloads))
         unmade = self._unmade.get(f"{job_id(spec)}/slice")
         if unmade and not grows(view):  # why a ScaleOut's slice could not be made
             view = dataclasses.replace(view, growing_why=unmade)

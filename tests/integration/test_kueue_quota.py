@@ -31,6 +31,10 @@ def running(cluster: Cluster, ns: str, name: str, workers: int) -> bool:
     return cluster.phase(ns, name) == "Running" and len(cluster.hosts(ns, name)) == workers
 
 
+def queued(cluster: Cluster, ns: str, name: str) -> bool:
+    return cluster.phase(ns, name) == "Queued" and bool(live_workloads(cluster, ns, name))
+
+
 def scaling_says(cluster: Cluster, ns: str, scaler: str, reason: str) -> bool:
     return reason in str(cluster.condition(ns, scaler, "Scaling", SO))
 
@@ -126,3 +130,24 @@ def test_an_eviction_ends_a_waiting_scale_out_and_the_job_says_so(
         scaling = cluster.condition(ns, "low", "Scaling") or {}
         assert scaling.get("status") == "False", scaling
         assert not cluster.status(ns, "low").get("currentScaler")
+
+
+def test_a_deleted_job_holds_its_quota_until_its_pods_are_gone(cluster: Cluster, ns: str) -> None:
+    """`kubectl delete tj` while its workers take their time to end (a preStop of 30 s): its
+    Workloads went with the job (the garbage collector took them within 21 s), Kueue admitted
+    the next job into the quota, and its pods ran beside the deleted one's (in the Torchrun
+    suite: "high-worker-0 runs, job high holds no admission"). Now they go once its last pod
+    has, the operator there or not."""
+    cq = make_queue(cluster, ns, pods=3)
+    slow = queued_job("a", replicas=2)
+    pod = slow["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 45
+    pod["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "30"]}}}
+    with QuotaWatch(cluster, ns, cq):
+        cluster.create(slow, ns)
+        wait_for(partial(running, cluster, ns, "a", 2), 60, "a running at 2")
+        cluster.create(queued_job("b", replicas=1), ns)
+        wait_for(partial(queued, cluster, ns, "b"), 30, "b queued behind a")
+        cluster.kubectl("delete", "tj", "a", "-n", ns, "--wait=false")
+        wait_for(partial(running, cluster, ns, "b", 1), 120, "b admitted once a's pods are gone")
+        assert not cluster.pods(ns, "a", live=False) and not live_workloads(cluster, ns, "a")

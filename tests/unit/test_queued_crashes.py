@@ -27,11 +27,19 @@ from etoperator.planning.kinds import (
     DropWorkloads,
     MakeLauncher,
     MakeWorkload,
+    OwnWorkload,
     UpdateWorkload,
     Write,
 )
 from etoperator.planning.writes import Queueing
-from etoperator.reconcile.queues import Queues, admitted_count, families, order, read_queue
+from etoperator.reconcile.queues import (
+    Queues,
+    admitted_count,
+    families,
+    order,
+    pod_owners,
+    read_queue,
+)
 from localcluster.manifests import scalein, scaleout
 from tests.unit.test_planning import NOW, launcher, scaler, w
 from tests.unit.test_queueing import qspec
@@ -52,6 +60,7 @@ class QueuedWorld(World):
 
     def observe(self) -> JobInput:
         q = read_queue("lq", "ns", list(self.workloads.values()), self.now())
+        q = dataclasses.replace(q, owners=pod_owners(list(self.workloads.values())))
         views = surplus.reclaimed_views(list(self.pods.values()), q, self.now())
         return dataclasses.replace(super().observe(), spec=self.spec(), pods=views, queue=q)
 
@@ -68,7 +77,8 @@ class QueuedWorld(World):
 
     def apply(self, write: Write) -> None:
         if isinstance(write, MakeLauncher):
-            self.write(self.pods.__setitem__, "j-launcher", launcher())
+            made = dataclasses.replace(launcher(), uid="uid-j-launcher")
+            self.write(self.pods.__setitem__, "j-launcher", made)
         elif isinstance(write, MakeWorkload) and write.name not in self.workloads:
             self.write(self._make_workload, write)
         elif isinstance(write, DeleteWorkload) and write.name in self.workloads:
@@ -77,12 +87,16 @@ class QueuedWorld(World):
             self.write(self.workloads.clear)
         elif isinstance(write, UpdateWorkload):
             self._update(write)
+        elif isinstance(write, OwnWorkload) and write.name in self.workloads:
+            refs = [{"kind": "Pod", "name": n, "uid": u} for n, u in write.pods]
+            self.write(self.workloads[write.name]["metadata"].__setitem__, "ownerReferences", refs)
         else:
             super().apply(write)
 
     def _start(self, i: int) -> None:
         name = f"j-worker-{i}"
-        self.pods[name] = w(i, busy=False, surplus=i in self.plan.surplus_workers)
+        made = w(i, busy=False, surplus=i in self.plan.surplus_workers)
+        self.pods[name] = dataclasses.replace(made, uid=f"uid-{name}")
 
     def _make_workload(self, write: MakeWorkload) -> None:
         body = wl.workload(self.spec(), Owner(naming.JOB_KIND, "j", "u"), write.name,
@@ -159,6 +173,12 @@ class QueuedWorld(World):
 
     def live(self) -> list[Body]:
         return order(list(self.workloads.values()))[0]
+
+    def unheld(self) -> list[str]:
+        """Workloads holding quota whose owners miss a pod of the job: deleted with the job,
+        the garbage collector would take them (and Kueue count their quota free) before it."""
+        pods = {p.uid for p in self.pods.values()}
+        return [name for name, owners in pod_owners(self.live()) if owners != pods]
 
 
 def condition(ctype: str, at: str, reason: str = "") -> Body:
@@ -237,6 +257,7 @@ def test_a_crash_at_any_write_of_a_queued_job_keeps_the_quota_and_the_scale(
         assert wd.admitted() == len(workers), f"crash at write {k}: quota held for nothing"
         live = [b["metadata"]["name"] for b in wd.live()]
         assert len(live) == len({wl.is_surplus(b) for b in wd.live()}), (k, live)
+        assert not wd.unheld(), f"crash at write {k}: not owned by every pod: {wd.unheld()}"
 
 
 def made_with_a_scale_in() -> QueuedWorld:

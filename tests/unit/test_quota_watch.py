@@ -16,10 +16,10 @@ def pod(job: str, cpu: str, phase: str = "Running", deleting: bool = False) -> d
     return {"metadata": meta, "spec": {"containers": [container]}, "status": {"phase": phase}}
 
 
-def test_a_deleted_job_s_terminating_pods_are_outside_kueue_s_account() -> None:
+def test_every_pod_that_has_not_ended_counts_a_deleted_job_s_too() -> None:
+    """A deleted job's Workloads stay until its pods are gone (they are owned by them): its
+    terminating pods are within Kueue's account, not outside it."""
     pods = [pod("gone", "100m", deleting=True), pod("live", "100m", deleting=True),
-            pod("live", "200m"), pod("live", "400m", phase="Succeeded")]  # fmt: skip
-    assert pods_request(pods, {"live"}) == 300  # the live job's, terminating or not
-    assert pods_request(pods) == 400  # without Workloads read: every pod that has not ended
-    # a pod of a job without a Workload that is not being deleted still counts
-    assert pods_request([pod("gone", "100m")], set()) == 100
+            pod("live", "200m"), pod("live", "400m", phase="Succeeded"),
+            pod("live", "800m", phase="Failed")]  # fmt: skip
+    assert pods_request(pods) == 400

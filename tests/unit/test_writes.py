@@ -23,6 +23,7 @@ from etoperator.planning.kinds import (
     MakeLauncherAccess,
     MakeScaler,
     MakeWorkload,
+    OwnWorkload,
     ScalerStatusWrite,
     SpecReplicas,
     TellEvents,
@@ -39,6 +40,7 @@ EVERYTHING = Plan(
     status=JobStatus(phase="Running"),
     writes=[  # as the steps emit them: the executor's order is not theirs
         MakeWorkload("w-grow-4", 2, "w-surplus", True),
+        OwnWorkload("w", (("j-launcher", "u1"), ("j-worker-0", "u2"))),
         WorkerObjects(("j-worker-0", "j-worker-3"), (3,)),
         MakeScaler({"kind": "ScaleOut", "name": "j-replicas-2", "spec": {}, "generation": 2}),
         UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
@@ -82,7 +84,7 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
         "MakeGang", "HostList", "DeletePod", "DeletePod", "DeleteService", "WorkerObjects",
         "MakeLauncher", "MakeScaler",
         "DeleteWorkload", "MakeWorkload", "MakeWorkload", "MakeWorkload", "UpdateWorkload",
-        "UpdateWorkload",
+        "UpdateWorkload", "OwnWorkload",
     ]  # fmt: skip
     assert writes[0] == AdoptScaler(("ScaleIn", "less"))
     assert writes[1] == ScalerStatusWrite(("ScaleIn", "less"), ScaleInStatus(phase="Scaling"))
@@ -107,6 +109,8 @@ def test_every_write_of_a_pass_in_its_one_order() -> None:
         MakeWorkload("w-surplus", 1, None, True),
         UpdateWorkload(True, 2, True, (("Finished", "True", "Succeeded", "done"),), ""),
         UpdateWorkload(False, None, None, (), "Preempted"),
+        # its owners last: a patch of its metadata would stale the version the others are on
+        OwnWorkload("w", (("j-launcher", "u1"), ("j-worker-0", "u2"))),
     ]
 
 
