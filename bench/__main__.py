@@ -28,7 +28,7 @@ from bench.queues import q1
 from bench.scale import p5, p9
 from bench.scaleloop import p7
 from bench.takeover import p8
-from bench.torchrun import t1
+from bench.torchrun import t1, t1_horovod
 from bench.training import accuracy, kills, p4, p6
 
 
@@ -58,6 +58,7 @@ def main() -> int:
         ("q3", q3),
         ("g1", g1),
         ("t1", lambda t: t1(t, args.rounds)),
+        ("t1h", lambda t: t1_horovod(t, args.rounds)),
         ("s1", s1),
     ]
     with tempfile.TemporaryDirectory() as d:
