@@ -2,7 +2,7 @@
 # Builds Horovod 0.28.1 (CPU, Gloo, no MPI) for torch 2.13.0 and caches the wheel.
 #
 # Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, and turns
-# CUDA on whenever nvcc is found; both are patched here. Three behaviours are changed:
+# CUDA on whenever nvcc is found; both are patched here. Four behaviours are changed:
 # - once a Gloo context is connected, its operations wait HOROVOD_GLOO_OP_TIMEOUT_SECONDS
 #   (default 5) for a peer instead of the rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, 30):
 #   when a worker dies, the ranks waiting on a survivor that stopped answering fail within
@@ -13,7 +13,9 @@
 #   a call on the launcher, 1-3 s on a loaded one, which also slowed how soon a host-list
 #   change was seen. Its exit code and output are used as before;
 # - the driver's notice of a host change to rank 0 gives up on a connect after 2 s (twice):
-#   it is sent holding the lock the elastic reset needs, and a killed rank 0 never answers.
+#   it is sent holding the lock the elastic reset needs, and a killed rank 0 never answers;
+# - a Gloo pair that receives more than was posted for it fails with an I/O error (a reset),
+#   where Gloo ended the process and Horovod blacklisted its healthy host.
 # The wheel is cached under this script's hash: an edit here builds a new one.
 #
 # Usage: hack/build-horovod.sh [PYTHON]   (PYTHON: an interpreter that already has torch 2.13.0)
@@ -128,6 +130,38 @@ new = """                                                       match_intf=match
 """
 assert text.count(old) == 1
 open(worker, "w").write(text.replace(old, new))
+PATCH
+# A peer's message larger than the receive posted for it (ranks out of step as a dead peer's
+# reset begins): Gloo's check threw in its event loop's thread and ended the process
+# (std::terminate), so Horovod blacklisted a healthy host for the rest of the run (seen: a
+# rank-0 kill that took a second worker with it). The pair now fails as an I/O error does:
+# the operation waiting on it raises, and the elastic reset follows.
+"$PY" - "$src/third_party/gloo/gloo/transport/tcp/pair.cc" <<'PATCH'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+bound = """    GLOO_ENFORCE_LE(op.preamble.roffset + op.preamble.length, op.buf->size_);
+    return iov.iov_len;"""
+bound_new = """    if (op.preamble.roffset + op.preamble.length > op.buf->size_) {
+      signalException(GLOO_ERROR_MSG("Read of ", op.preamble.length, " bytes at ",
+          op.preamble.roffset, " beyond a buffer of ", op.buf->size_, " from ", peer_.str()));
+      return -1;
+    }
+    return iov.iov_len;"""
+unbound = """    GLOO_ENFORCE_LE(op.preamble.length, op.nbytes);
+    return iov.iov_len;"""
+unbound_new = """    if (op.preamble.length > op.nbytes) {
+      auto ex = std::make_exception_ptr(::gloo::IoException(GLOO_ERROR_MSG("Read of ",
+          op.preamble.length, " bytes into a receive of ", op.nbytes, " from ", peer_.str())));
+      buf->signalException(ex);  // taken off the pending receives: signal it as well
+      signalException(ex);
+      return -1;
+    }
+    return iov.iov_len;"""
+for old, new in ((bound, bound_new), (unbound, unbound_new)):
+    assert text.count(old) == 1
+    text = text.replace(old, new)
+open(path, "w").write(text)
 PATCH
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=GLOO
