@@ -137,7 +137,7 @@ def test_a_deleted_job_holds_its_quota_until_its_pods_are_gone(cluster: Cluster,
     Workloads went with the job (the garbage collector took them within 21 s), Kueue admitted
     the next job into the quota, and its pods ran beside the deleted one's (in the Torchrun
     suite: "high-worker-0 runs, job high holds no admission"). Now they go once its last pod
-    has, the operator there or not."""
+    has, with the operator down meanwhile (the garbage collector keeps them)."""
     cq = make_queue(cluster, ns, pods=3)
     slow = queued_job("a", replicas=2)
     pod = slow["spec"]["etReplicaSpecs"]["worker"]["template"]["spec"]
@@ -148,6 +148,9 @@ def test_a_deleted_job_holds_its_quota_until_its_pods_are_gone(cluster: Cluster,
         wait_for(partial(running, cluster, ns, "a", 2), 60, "a running at 2")
         cluster.create(queued_job("b", replicas=1), ns)
         wait_for(partial(queued, cluster, ns, "b"), 30, "b queued behind a")
+        cluster.operator.kill()  # the garbage collector alone keeps the quota, and frees it
         cluster.kubectl("delete", "tj", "a", "-n", ns, "--wait=false")
+        wait_for(lambda: not cluster.pods(ns, "a", live=False), 90, "a's pods gone")
+        wait_for(lambda: not live_workloads(cluster, ns, "a"), 30, "a's Workloads gone after")
+        cluster.operator.start()
         wait_for(partial(running, cluster, ns, "b", 1), 120, "b admitted once a's pods are gone")
-        assert not cluster.pods(ns, "a", live=False) and not live_workloads(cluster, ns, "a")
