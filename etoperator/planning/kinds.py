@@ -51,7 +51,7 @@ class OwnWorkload:
     pods: tuple[tuple[str, str], ...]  # (name, uid)
 
 
-QueueWrite = DeleteWorkload | MakeWorkload | UpdateWorkload | OwnWorkload
+QueueWrite = DeleteWorkload | MakeWorkload | UpdateWorkload | OwnWorkload  # Kueue's kinds
 
 
 @dataclass(frozen=True)

@@ -151,14 +151,6 @@ class Plan:
         return self.one(k.UpdateLauncherRole) is not None
 
     # Kueue's.
-    @property
-    def queue_writes(self) -> list[k.QueueWrite]:
-        return [
-            w
-            for w in self.writes
-            if isinstance(w, k.DeleteWorkload | k.MakeWorkload | k.UpdateWorkload | k.OwnWorkload)
-        ]
-
     def made(self, surplus: bool, slice_: bool) -> k.MakeWorkload | None:
         """The core, the surplus or a slice (`replacing` set) this pass makes."""
         kind = [w for w in self.of(k.MakeWorkload)

@@ -99,8 +99,9 @@ def owned_by_pods(d: Draft) -> None:
     if q is None:
         return
     pods = tuple(sorted((p.name, p.uid) for p in d.inp.pods if p.uid))
+    uids = {uid for _, uid in pods}
     for name, owners in q.owners:
-        if owners != {uid for _, uid in pods}:
+        if owners != uids:
             d.plan.emit(OwnWorkload(name, pods))
 
 

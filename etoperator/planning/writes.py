@@ -72,9 +72,8 @@ def ordered(plan: Plan, pods: bool, queue: Queueing | None) -> list[k.Write]:
     parsed, the Secret, ConfigMap and RBAC its pods need in place); `queue`: the job is in a
     queue or still has Workloads (None: Kueue's writes are dropped; its queue label gone: all
     its Workloads are)."""
-    kueue = (k.DeleteWorkload, k.MakeWorkload, k.UpdateWorkload, k.OwnWorkload)
     own = queue is not None and queue.labelled
-    writes: list[k.Write] = [w for w in plan.writes if own or not isinstance(w, kueue)]
+    writes: list[k.Write] = [w for w in plan.writes if own or not isinstance(w, k.QueueWrite)]
     if queue is not None and not queue.labelled:
         writes.append(k.DropWorkloads())
     kept = [w for w in writes if pods or STAGES[type(w)] is not Stage.CHILDREN]
