@@ -6,7 +6,8 @@ job's own image (it needs torch, which the workers' image has) in two ways (docs
 - `serve PORT RUN_ID MIN DISCOVER [REQUEST]`: the launcher. It hosts the TCPStore every agent
   meets at, so a ScaleIn never takes the rendezvous away, and it conducts: a worker leaving on
   purpose is taken out at once (its agent held first) and the others told through torch's own
-  "nodes waiting" count (a membership change: no --max-restarts used); a round closes as soon
+  "nodes waiting" count (a membership change: no --max-restarts used); its hook hears so once
+  they stopped their training, which its own would fail if it went first; a round closes as soon
   as it holds as many nodes as the host list (DISCOVER prints it), not after torch's 30 s last
   call. Once the save handshake's REQUEST is touched the run stops: leaves change nothing.
   Its exit is the run's: 0 once every agent passed torch's exit barrier, else 1.
@@ -84,9 +85,8 @@ def drop_nodes(state: Any, addr: str) -> bool:
 def tidy(
     state: Any, marked_round: int | None, hosts: Callable[[], int], min_nodes: int
 ) -> tuple[bool, bool]:
-    """(state changed, marker still out). The marker goes once its round moved on; a round
-    holding as many nodes as the host list closes now. `hosts` is asked only for a round
-    that may close (a process a tick otherwise)."""
+    """(state changed, marker still out). The marker goes once its round moved on; a round as
+    big as the host list closes now (`hosts`, a process, asked only for one that may close)."""
     changed = False
     out = marker() in state.wait_list
     if out and (marked_round is None or state.round != marked_round or not state.complete):
@@ -114,14 +114,13 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = 
     """DISCOVER "-": the store alone, torch's own timeouts (torchrun as it is). REQUEST: the
     save handshake's file, touched as the run stops; a leave then would restart the others."""
     from torch._C._distributed_c10d import TCPStore
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend,
-    )
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
 
     store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False)
-    backend = C10dRendezvousBackend(store, run_id)
+    backend = c10d.C10dRendezvousBackend(store, run_id)
     print(f"rendezvous {run_id} serving on port {port}", flush=True)
     seen, marked, said, started, stopping = 0, None, "", time.time(), False
+    pending: dict[str, int | None] = {}  # a leaving node: the round its peers still train in
     while True:
         time.sleep(TICK)
         if stopping != stops(request, started):
@@ -134,17 +133,19 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = 
         state, token = pickle.loads(got[0]), got[1]
         total = store.add(LEAVES, 0)
         leaving = [store.get(f"{LEAVE}{n}").decode() for n in range(seen + 1, total + 1)]
-        changed = False
-        for addr in leaving:
-            if drop_nodes(state, addr):
-                changed, marked = True, state.round
+        dropped = {addr: drop_nodes(state, addr) for addr in leaving}
+        marked = state.round if any(dropped.values()) else marked
         hosts = partial(count_hosts, discover)
         tidied = discover != "-" and tidy(state, marked, hosts, min_nodes)[0]
-        written = backend.set_state(pickle.dumps(state), token) if changed or tidied else None
-        if (changed or tidied) and not (written and written[2]):
+        changed = any(dropped.values()) or tidied
+        written = backend.set_state(pickle.dumps(state), token) if changed else None
+        if changed and not (written and written[2]):
             continue  # an agent wrote first: look again
-        for addr in leaving:
+        others = state.complete and bool(state.participants)
+        pending.update({a: state.round if d and others else None for a, d in dropped.items()})
+        for addr in [a for a, r in pending.items() if r != state.round or not state.complete]:
             store.set(f"{LEFT}{addr}", "1")
+            del pending[addr]
         seen = total
         now = describe(state)
         if now != said:

@@ -30,12 +30,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 STEPS = """
-import signal, sys, time
+import os, signal, sys, time
 def stopped(*_):
     print("worker stopped", flush=True)
     sys.exit(0)
 signal.signal(signal.SIGTERM, stopped)
-print("worker started", flush=True)
+print(f"worker started {os.getpid()}", flush=True)
 while True:
     time.sleep(0.05)
 """
@@ -69,12 +69,12 @@ class Stream:
         raise AssertionError(f"no {text!r} within {within} s: {self.lines[-30:]}")
 
 
-def start_agent(tmp_path: Path, port: int, addr: str, first: bool) -> Stream:
+def start_agent(tmp_path: Path, port: int, addr: str, first: bool, monitor: float = 0.1) -> Stream:
     script = tmp_path / "steps.py"
     script.write_text(STEPS)
     argv = [sys.executable, "-u", torchagent.__file__, "--nnodes=1:3",
             "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=r", "--monitor-interval=0.1", str(script)]  # fmt: skip
+            "--rdzv-id=r", f"--monitor-interval={monitor}", str(script)]  # fmt: skip
     if first:  # unshare forks the agent as PID 1 of a new PID namespace, as a container's
         argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", *argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
@@ -324,5 +324,30 @@ def test_a_leave_is_taken_though_the_hook_s_own_python_cannot_load_torch(
             break
         assert time.monotonic() < deadline, f"not a round without the leaving node: {nodes}"
         time.sleep(0.05)
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_returns_once_its_peers_stopped_their_training(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """The leaving node's training goes when its hook returns (the kubelet's SIGTERM follows):
+    peers still training then fail their collective, and a planned change uses a restart (a
+    preemption notice in CI, its peer's agent slow to look on a busy node). The hook returns
+    once every peer stopped its training for the membership change, however late it looks."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    staying = start_agent(tmp_path, port, "127.0.0.3", first=False, monitor=3.0)
+    procs += [leaving.proc, staying.proc]
+    leaving.wait_for("worker started", within=120)
+    started = staying.lines[staying.wait_for("worker started", within=120)]
+    worker = Path(f"/proc/{started.split()[-1]}")
+    pid1 = first_process(leaving)
+    leave = hook(pid1, tmp_path, f"127.0.0.1:{port}")
+    procs.append(leave)  # type: ignore[arg-type]
+    assert leave.wait(timeout=60) == 0
+    assert not worker.exists(), "the hook returned while its peer still trained"
+    said = leaving.lines[leaving.wait_for("leave: taken out")]
+    assert "not taken out in time" not in said, said
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)
