@@ -71,7 +71,8 @@ SAVE_REQUEST = ".etoperator-save-request"
 SAVE_REPORT = ".etoperator-saved"
 SAVE_MARKER = ".etoperator-saves"
 SAVE_WAIT = 20  # seconds the launcher's preStop waits for the report (within its grace period)
-RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host and its workers' leave
+RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host
+LEAVE_KEY = "leave.py"  # a Torchrun job's workers' leave (their preStop), beside it
 AGENT_KEY = "torchagent.py"  # a Torchrun job's workers' agent (torchrun, forked workers)
 
 SSH_PORT = 22

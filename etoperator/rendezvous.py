@@ -1,34 +1,26 @@
 """The rendezvous of a torchrun job: torch's c10d store, held by the job's launcher pod.
 
 Not imported by the operator: its source is shipped in the job's ConfigMap and run with the
-job's own image (it needs torch, which the workers' image has) in two ways (docs/torchrun.md):
-
-- `serve PORT RUN_ID MIN DISCOVER [REQUEST]`: the launcher. It hosts the TCPStore every agent
-  meets at, so a ScaleIn never takes the rendezvous away, and it conducts: a worker leaving on
-  purpose is taken out at once (its agent held first) and the others told through torch's own
-  "nodes waiting" count (a membership change: no --max-restarts used); its hook hears so once
-  they stopped their training, which its own would fail if it went first; a round closes as soon
-  as it holds as many nodes as the host list (DISCOVER prints it), not after torch's 30 s last
-  call. Once the save handshake's REQUEST is touched the run stops: leaves change nothing.
-  Its exit is the run's: 0 once every agent passed torch's exit barrier, else 1.
-- `leave [REQUEST]`: a worker's preStop. It holds its own agent (torchagent.py: HOLD;
-  torchrun as it is: SIGSTOP), asks the launcher to take it out and waits; the kubelet's
-  SIGTERM then ends the agent. A save REQUEST newer than the agent: the whole run stops, and
-  there is nothing to leave. Its lines go to the container's log.
-State edits go through torch's backend with its compare-and-set token, as its agents' do."""
+job's own image (it needs torch, which the workers' image has), docs/torchrun.md:
+`rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST]`. It hosts the TCPStore every agent
+meets at, so a ScaleIn never takes the rendezvous away, and it conducts: a worker leaving on
+purpose (its preStop, leave.py) is taken out at once (its agent held first) and the others
+told through torch's own "nodes waiting" count (a membership change: no --max-restarts used);
+its hook hears so once they stopped their training, which its own would fail if it went
+first. A round closes as soon as it holds as many nodes as the host list (DISCOVER prints
+it), not after torch's 30 s last call. Once the save handshake's REQUEST is touched the run
+stops: leaves change nothing. Its exit is the run's: 0 once every agent passed torch's exit
+barrier, else 1. State edits go through torch's backend with its compare-and-set token, as
+its agents' do. What both sides of a leave share is here (leave.py loads this file)."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -42,11 +34,7 @@ LEAVE = "etoperator/leave/"
 LEFT = "etoperator/left/"
 STOPPING = "etoperator/stopping"  # set once the run stops: a leave then changes nothing
 STOP_HOLD = 60.0  # seconds a save request holds the run (examples/savepoint.py HOLD_MOST)
-LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before going anyway
-HANDED = 5.0  # seconds the hook waits for its agent's own ask before it asks too
 MARKER_ADDR = "etoperator.planned-change"
-HOLD = signal.SIGUSR2  # our agent holds at it (torchagent.HOLD)
-AGENT = "torchagent.py"  # our agent, beside this file
 BARRIER = "torchelastic/agent/terminal_state/last_member"  # torch's exit barrier, once passed
 
 
@@ -174,212 +162,6 @@ def describe(state: Any) -> str:
     return f"{said}, waiting [{','.join(waiting)}]" if waiting else said
 
 
-def agents(addr: str) -> tuple[list[int], list[int]]:
-    """The pids of the agents of `addr` (not their workers, not us): ours, then torchrun's as
-    it is. In a worker's container, its one agent."""
-    ours, theirs = list[int](), list[int]()
-    mine = f"PET_LOCAL_ADDR={addr}".encode()
-    our_argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), AGENT).encode()]
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if mine not in env:
-            continue
-        args = argv[1:]
-        while args and args[0].startswith(b"-"):  # the interpreter's options (-u)
-            args = args[1:]
-        if args[:1] == our_argv:
-            ours.append(int(entry))
-        elif any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3]):
-            theirs.append(int(entry))
-    return ours, theirs
-
-
-def say(line: str) -> None:
-    """To the container's log: its first process's output (else ours, when run by hand)."""
-    try:
-        with open("/proc/1/fd/1", "a") as out:
-            print(line, file=out, flush=True)
-    except OSError:
-        print(line, flush=True)
-
-
-def leave(request: str = "-") -> int:
-    addr, endpoint = os.environ["PET_LOCAL_ADDR"], os.environ["PET_RDZV_ENDPOINT"]
-    ours, theirs = agents(addr)
-    asked = next((pid for pid in ours if hand_over(pid, endpoint)), None)  # one asks
-    for pid in ours:
-        os.kill(pid, HOLD)
-    for pid in theirs:
-        os.kill(pid, signal.SIGSTOP)
-    say(f"leave: holding the agent of {addr} ({' '.join(map(str, ours + theirs)) or 'none'})")
-    start = time.monotonic()
-    begun = min(map(started, ours + theirs), default=time.time())
-    handed = partial(answer_or_ask, asked) if asked is not None else None
-    ask = partial(handed or ask_to_leave, addr, endpoint)
-    try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
-        said = bounded(ask, LEAVE_WAIT + 10, partial(stops, request, begun))
-        say(f"leave: {said} after {time.monotonic() - start:.1f} s")
-    except Exception as failed:  # the launcher not answering: the agent still ends
-        say(f"leave: the launcher did not answer ({type(failed).__name__}: {failed})")
-        return 1
-    finally:
-        end_agents([p for p in ours + theirs if p != 1])
-        say("leave: done; the agent ends at the kubelet's SIGTERM")
-    return 0
-
-
-def asking(pid: int) -> str:
-    """Where a leave asks agent `pid` to ask for it; its answer is at this + ".answer"."""
-    return os.path.join(tempfile.gettempdir(), f"etoperator-leave.{pid}")
-
-
-def hand_over(pid: int, endpoint: str) -> bool:
-    """Our agent asks the launcher itself (`answer_leaves`): torch is loaded there, while
-    this hook would import it first (on a busy node longer than its bound). False: no watcher
-    of this agent's (torch still loading, a read-only /tmp): the hook asks."""
-    try:
-        if os.stat(asking(pid) + ".ready").st_mtime < started(pid) - 1:
-            return False  # an earlier agent's, whose pid this one has
-        with open(asking(pid), "w") as f:
-            f.write(endpoint)
-    except OSError:
-        return False
-    return True
-
-
-def answer_or_ask(pid: int, addr: str, endpoint: str) -> str:
-    """What agent `pid` said its ask came to; if it says nothing within HANDED seconds (its
-    process starved), the hook asks too (bounded by the caller)."""
-    deadline = time.monotonic() + HANDED
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            with open(asking(pid) + ".answer") as f:
-                ok, _, said = f.read().partition(" ")
-            if ok != "ok":
-                raise RuntimeError(said)
-            return said
-        time.sleep(TICK)
-    return ask_to_leave(addr, endpoint) + " (asked by the hook: the agent did not answer)"
-
-
-def answer_leaves() -> None:
-    """Our agent's watcher (its thread, torch loaded): asks for the leave that hands it the
-    ask, and writes what came of it. Not the hold's handler: the agent's main thread may be
-    in a long call (a store wait of its round), running no handler until it returns."""
-    path = asking(os.getpid())
-    try:
-        for stale in (path, path + ".answer"):  # a pid an earlier agent had (a shared /tmp)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
-        open(path + ".ready", "w").close()
-    except OSError:
-        return  # a read-only /tmp: no `.ready`, the hook asks itself
-    while not os.path.exists(path):
-        time.sleep(TICK)
-    start = time.monotonic()
-    try:
-        with open(path) as f:
-            endpoint = f.read()
-        said = f"ok {ask_to_leave(os.environ['PET_LOCAL_ADDR'], endpoint)}"
-    except Exception as failed:
-        said = f"failed {type(failed).__name__}: {failed}"
-    with open(path + ".part", "w") as f:
-        f.write(f"{said} (asked by the agent in {time.monotonic() - start:.1f} s)")
-    os.replace(path + ".part", path + ".answer")
-
-
-def end_agents(pids: list[int]) -> None:
-    """SIGTERM before SIGCONT: an agent wakes to it, not to its round. Never the container's
-    first process: its end would cut this hook short (the kubelet's SIGTERM ends it after)."""
-    for pid in pids:
-        os.kill(pid, signal.SIGTERM)
-        os.kill(pid, signal.SIGCONT)
-
-
-def started(pid: int) -> float:
-    """When process `pid` started (seconds since the epoch), from its start tick and the
-    uptime (to 10 ms; /proc/stat's boot time is whole seconds); now if it has ended."""
-    try:
-        with open(f"/proc/{pid}/stat") as f, open("/proc/uptime") as u:
-            ticks, up = int(f.read().rsplit(")", 1)[1].split()[19]), float(u.read().split()[0])
-    except OSError:
-        return time.time()
-    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def bounded(ask: Callable[[], str], seconds: float, over: Callable[[], bool] = bool) -> str:
-    """`ask()` in a thread given `seconds` (torch's client may wait on a launcher that took
-    the connection and hangs for longer than its own timeout): its answer, or it raises;
-    once `over()`, that the whole run stops."""
-    got: list[str | Exception] = []
-
-    def run() -> None:
-        try:
-            got.append(ask())
-        except Exception as exc:
-            got.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + seconds
-    while thread.is_alive() and time.monotonic() < deadline and not over():
-        thread.join(TICK)
-    if not got and over():
-        return "nothing to leave: the whole run stops (its save request is there)"
-    if not got:
-        raise TimeoutError(f"no answer within {seconds:.0f} s")
-    if isinstance(got[0], Exception):
-        raise got[0]
-    return got[0]
-
-
-def gone(host: str, port: int) -> bool:
-    """Nothing listens where the launcher was: refused (the pod ends, or the Service has no
-    endpoint left) or no such host (the address of a pod deleted). A connection not answered
-    yet or a name not resolved yet is a slow launcher on a busy node, never one gone."""
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return False
-    except (ConnectionRefusedError, ConnectionResetError):
-        return True
-    except OSError as failed:
-        return failed.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)
-
-
-def ask_to_leave(addr: str, endpoint: str) -> str:
-    """What became of asking the launcher at `endpoint` to take `addr` out."""
-    host, port = endpoint.rpartition(":")[::2]
-    went = "nothing to leave: the launcher is gone (the whole run stops)"
-    if gone(host, int(port)):
-        return went
-    from torch._C._distributed_c10d import TCPStore  # a second or more on a busy node
-
-    while True:  # bounded by the caller
-        if gone(host, int(port)):  # it went meanwhile (a whole stop)
-            return went
-        with contextlib.suppress(RuntimeError):  # slow to answer: asked again
-            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
-            break
-    n = store.add(LEAVES, 1)  # not read by a launcher whose run stops
-    store.set(f"{LEAVE}{n}", addr)
-    deadline = time.monotonic() + LEAVE_WAIT
-    while time.monotonic() < deadline:
-        if store.check([f"{LEFT}{addr}"]):
-            return "taken out"
-        if store.check([STOPPING]):
-            return "nothing to leave: the whole run stops (its save handshake goes on)"
-        time.sleep(TICK)
-    return "not taken out in time"
-
-
 def stop(signum: int, _frame: object) -> None:
     """A container's first process has no default SIGTERM action: it held its pod 30 s."""
     sys.exit(128 + signum)
@@ -389,9 +171,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) in (5, 6):
         signal.signal(signal.SIGTERM, stop)
         return serve(int(argv[1]), argv[2], int(argv[3]), *argv[4:])
-    if argv[:1] == ["leave"] and len(argv) <= 2:  # no interpreter exit: an ask still in
-        os._exit(leave(*argv[1:]))  # torch's C++ client (a thread) aborted it (SIGABRT)
-    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST] | leave [REQUEST]"
+    usage = "usage: rendezvous.py serve PORT RUN_ID MIN DISCOVER [REQUEST]"
     print(usage, file=sys.stderr)
     return 2
 

@@ -5,7 +5,7 @@ ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differe
   `python script.py` runs it): a restart at a membership change then costs no new Python and
   no torch import, the most of a restart on a busy node. A start method, a module or no
   Python asked for: torchrun as it is;
-- it holds where it stands at HOLD, which the worker's leave (rendezvous.py) sends: as its
+- it holds where it stands at HOLD, which the worker's leave (leave.py) sends: as its
   container's first process it gets no SIGSTOP sent from inside. A thread of it asks the
   launcher to take its node out when the leave hands it the ask (torch is loaded here, the
   hook's own Python would import it). docs/torchrun.md.
@@ -25,7 +25,7 @@ from typing import Any
 HOLD = signal.SIGUSR2  # SIGUSR1 is a common preemption signal
 
 
-RENDEZVOUS = "rendezvous.py"  # the leave's side, beside this file
+LEAVE = "leave.py"  # the leave's side, beside this file
 
 
 def hold(_signum: int, _frame: object) -> None:
@@ -68,9 +68,9 @@ def agent(argv: list[str]) -> int:
 
 
 def sibling() -> Any:
-    """rendezvous.py, beside this file as the ConfigMap's keys are (stdlib until asked)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), RENDEZVOUS)
-    spec = importlib.util.spec_from_file_location("etoperator_rendezvous", path)
+    """leave.py, beside this file as the ConfigMap's keys are (stdlib until asked)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LEAVE)
+    spec = importlib.util.spec_from_file_location("etoperator_leave", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

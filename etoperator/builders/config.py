@@ -20,6 +20,7 @@ from etoperator.builders.common import Owner, metadata
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _WATCHER = (resources.files("etoperator") / "hostwatch.py").read_text()
 RENDEZVOUS = (resources.files("etoperator") / "rendezvous.py").read_text()
+LEAVE = (resources.files("etoperator") / "leave.py").read_text()
 AGENT = (resources.files("etoperator") / "torchagent.py").read_text()
 
 

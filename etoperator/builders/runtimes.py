@@ -105,7 +105,8 @@ class Torchrun:
 
     def config_data(self, spec: JobSpec, hosts: Sequence[str]) -> dict[str, str]:
         data = config.config_data(spec.name, spec.namespace, hosts, spec.slots_per_worker)
-        return {**data, naming.RENDEZVOUS_KEY: config.RENDEZVOUS, naming.AGENT_KEY: config.AGENT}
+        shipped = {naming.RENDEZVOUS_KEY: config.RENDEZVOUS, naming.LEAVE_KEY: config.LEAVE}
+        return {**data, **shipped, naming.AGENT_KEY: config.AGENT}
 
     def services(self, spec: JobSpec) -> tuple[str, ...]:
         return (naming.launcher_name(spec.name),)

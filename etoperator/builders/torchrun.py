@@ -70,13 +70,27 @@ def agent_env(spec: JobSpec, run: int) -> list[dict[str, Any]]:
     return env
 
 
-CONFIG_KEYS = (naming.RENDEZVOUS_KEY, naming.AGENT_KEY, naming.DISCOVER_KEY, naming.HOSTFILE_KEY)
+CONFIG_KEYS = (
+    naming.RENDEZVOUS_KEY, naming.LEAVE_KEY, naming.AGENT_KEY, naming.DISCOVER_KEY,
+    naming.HOSTFILE_KEY,
+)  # fmt: skip
 
 
 def save_request(spec: JobSpec) -> str | None:
     """The save handshake's request: the launcher touches it as the whole run stops (its
     preStop); none without a shared volume."""
     return None if spec.shared is None else f"{spec.shared.mount_path}/{naming.SAVE_REQUEST}"
+
+
+def leave_hook(spec: JobSpec) -> dict[str, Any]:
+    """A worker's preStop (leave.py): its node out of the rendezvous, its peers' training
+    stopped first; in a whole stop, the save handshake's request and report to wait on."""
+    argv = f"exec {PYTHON} {naming.CONFIG_MOUNT}/{naming.LEAVE_KEY}"
+    request = save_request(spec)
+    if request is not None:
+        report = os.path.join(os.path.dirname(request), naming.SAVE_REPORT)
+        argv += f" {shlex.quote(request)} {shlex.quote(report)}"
+    return {"exec": {"command": ["sh", "-c", argv]}}
 
 
 def _mounted(template: dict[str, Any], job: str) -> dict[str, Any]:
@@ -132,11 +146,8 @@ def worker_pod(
     ours = agent_env(spec, run)
     names = {e["name"] for e in ours}
     first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in names), *ours]
-    request = save_request(spec)
-    leave_argv = f"exec {PYTHON} {SCRIPT} leave" + (f" {shlex.quote(request)}" if request else "")
-    leave = {"exec": {"command": ["sh", "-c", leave_argv]}}
     if not plain(spec):
-        first.setdefault("lifecycle", {}).setdefault("preStop", leave)
+        first.setdefault("lifecycle", {}).setdefault("preStop", leave_hook(spec))
         forked_agent(first)
     inits = [
         c for c in pod_spec.get("initContainers") or [] if c.get("name") != "wait-for-rendezvous"

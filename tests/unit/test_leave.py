@@ -22,6 +22,7 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
+from etoperator import leave as hook_side
 from etoperator import rendezvous, torchagent
 
 pytestmark = pytest.mark.skipif(
@@ -100,7 +101,7 @@ def hook(
     environment) as the kubelet runs a preStop hook; the launcher at `endpoint`."""
     env = {**os.environ, "PET_LOCAL_ADDR": "127.0.0.2", "PET_RDZV_ENDPOINT": endpoint}
     env["TMPDIR"] = str(tmp)
-    argv = [*python, rendezvous.__file__, "leave", *args]
+    argv = [*python, hook_side.__file__, *args]
     return subprocess.Popen(["nsenter", "-t", pid1, "-p", "-m", *argv], env=env)
 
 
@@ -349,5 +350,34 @@ def test_a_leave_returns_once_its_peers_stopped_their_training(
     assert not worker.exists(), "the hook returned while its peer still trained"
     said = leaving.lines[leaving.wait_for("leave: taken out")]
     assert "not taken out in time" not in said, said
+    os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
+    leaving.proc.wait(timeout=15)
+
+
+def test_a_leave_in_a_whole_stop_waits_for_the_save(
+    world: tuple[int, Path, list[subprocess.Popen[str]]],
+) -> None:
+    """All of a torchrun job's pods go at once in a whole stop: rank 0 saves at the end of
+    its step once it sees the launcher's request, and a worker's SIGTERM (once its hook
+    returns) cut that step short, its peers' perhaps gone: the stop saved nothing and the
+    next run lost steps (CI). The hook returns once the save is reported, not before."""
+    port, tmp_path, procs = world
+    leaving = start_agent(tmp_path, port, "127.0.0.2", first=True)
+    procs.append(leaving.proc)
+    leaving.wait_for("worker started", within=120)
+    pid1 = first_process(leaving)
+    request, report = tmp_path / "save-request", tmp_path / "saved"
+    report.touch()  # an earlier stop's report: not this stop's
+    earlier = time.time() - 60
+    os.utime(report, (earlier, earlier))
+    request.touch()  # the launcher's preStop
+    leave = hook(pid1, tmp_path, f"127.0.0.1:{port}", str(request), str(report))
+    procs.append(leave)  # type: ignore[arg-type]
+    held = leaving.wait_for("leave: nothing to leave: the whole run stops")
+    with pytest.raises(subprocess.TimeoutExpired):  # no save yet: the hook waits
+        leave.wait(timeout=3)
+    report.write_text("step=7\n")  # rank 0's report
+    assert leave.wait(timeout=30) == 0
+    leaving.wait_for("leave: the training saved for the stop", after=held)
     os.kill(int(pid1), signal.SIGTERM)  # as the kubelet does once the hook returned
     leaving.proc.wait(timeout=15)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from etoperator import naming, rendezvous, torchagent
+from etoperator import leave, naming, rendezvous, torchagent
 from etoperator.api.fields import InvalidSpec
 from etoperator.api.models import parse_job
 from etoperator.builders import runtimes
@@ -49,10 +49,13 @@ def test_a_torchrun_worker_gets_what_only_the_operator_knows() -> None:
     # torchrun's own arguments, run by the rendezvous script's agent (workers forked warm)
     assert first["command"][:2] == ["sh", "-c"] and "/etc/edl/torchagent.py" in first["command"][2]
     assert first["command"][3] == "torchrun"
-    leave = first["lifecycle"]["preStop"]["exec"]["command"][-1]
-    assert leave.endswith("rendezvous.py leave /checkpoints/.etoperator-save-request")
-    assert rendezvous.HOLD == torchagent.HOLD  # what the leave sends is what the agent holds at
-    assert torchagent.RENDEZVOUS == naming.RENDEZVOUS_KEY  # the agent asks with its sibling
+    hook = first["lifecycle"]["preStop"]["exec"]["command"][-1]
+    # a whole stop's leave waits for the save: the handshake's request and report
+    request, report = naming.SAVE_REQUEST, naming.SAVE_REPORT
+    assert hook.endswith(f"/etc/edl/leave.py /checkpoints/{request} /checkpoints/{report}")
+    assert leave.HOLD == torchagent.HOLD  # what the leave sends is what the agent holds at
+    assert torchagent.LEAVE == naming.LEAVE_KEY  # the agent asks with its sibling
+    assert leave.SAVE_WAIT == naming.SAVE_WAIT  # the worker waits as long as the launcher
     assert pod["spec"]["initContainers"][0]["imagePullPolicy"] == "IfNotPresent"
     assert not any(v.get("secret") for v in pod["spec"]["volumes"])  # no SSH key given
     claim = {"claimName": "tr-shared"}
@@ -71,6 +74,7 @@ def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
     assert pod["metadata"]["annotations"][naming.ANN_RUN] == "0"
     data = runtimes.of(spec).config_data(spec, ["tr-worker-0"])
     assert data[naming.RENDEZVOUS_KEY].startswith('"""The rendezvous of a torchrun job')
+    assert data[naming.LEAVE_KEY].startswith('"""A torchrun worker\'s leave')  # beside it
 
 
 @pytest.mark.parametrize(
@@ -245,5 +249,5 @@ def test_a_leave_watcher_with_no_temporary_directory_to_write_ends_quietly(
     """A /tmp the agent cannot write (read-only, gone): the watcher ends at once, marking
     nothing (the hook, finding no `.ready`, asks itself); it raised into the agent's log."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
-    rendezvous.answer_leaves()
-    assert not rendezvous.hand_over(os.getpid(), "launcher:29400")
+    leave.answer_leaves()
+    assert not leave.hand_over(os.getpid(), "launcher:29400")
