@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etoperator import naming
+from etoperator.api.models import JobSpec
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Owner:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+def job_owner(spec: JobSpec) -> Owner:
+    """The TrainingJob as its children's controller."""
+    return Owner(naming.JOB_KIND, spec.name, spec.uid)
 
 
 @dataclass(frozen=True)

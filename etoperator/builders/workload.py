@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,3 +123,12 @@ def workload(
         },
         "spec": spec,
     }
+
+
+def owned_by_pods(job: Owner, pods: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The patch that makes a Workload owned by the job (its controller) and by its pods
+    (name, uid): deleted with the job, the garbage collector keeps it, and Kueue its quota,
+    until the last of them is gone. The list is replaced whole."""
+    refs = [job.reference()]
+    refs += [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid} for name, uid in pods]
+    return {"metadata": {"ownerReferences": refs}}

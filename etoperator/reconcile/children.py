@@ -15,7 +15,7 @@ from etoperator import metrics, naming
 from etoperator.api import claims
 from etoperator.api.models import JobSpec
 from etoperator.builders import config, pods, rbac, runtimes, ssh, volumes
-from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by
+from etoperator.builders.common import ANYWHERE, Owner, is_controlled_by, job_owner
 from etoperator.builders.workload import LAUNCHER_SET
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
@@ -67,7 +67,7 @@ class Children:
     def make_basics(self, obs: Observed, secret: bool, config_map: bool) -> list[str]:
         """The job's Secret and ConfigMap, those asked, made at once; what is in their way."""
         assert obs.spec is not None
-        owner = Owner(naming.JOB_KIND, obs.spec.name, obs.spec.uid)
+        owner = job_owner(obs.spec)
         tasks: list[Callable[[], list[str]]] = []
         if secret:
             tasks.append(partial(self.repair_secret, obs, owner))
@@ -84,7 +84,7 @@ class Children:
         spec = obs.spec
         assert spec is not None
         jid = job_id(spec.namespace, spec.name, spec.uid)
-        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        wanted = rbac.launcher_rbac(spec, job_owner(spec))
         missing = [o for o in wanted if (o["kind"], o["metadata"]["name"]) in objects]
         if missing:
             self.makings.start(
@@ -95,7 +95,7 @@ class Children:
         """A Role made by an older operator: grant what the current launcher script needs."""
         spec = obs.spec
         assert spec is not None and obs.role is not None
-        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        wanted = rbac.launcher_rbac(spec, job_owner(spec))
         role = next(o for o in wanted if o["kind"] == "Role")
         meta = obs.role["metadata"]
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "rules": role["rules"]}
@@ -229,7 +229,7 @@ class Children:
         """The wanted Services missing and the new workers' pods created at once; what was in
         the way, and which worker names others' pods hold."""
         name = spec.name
-        owner = Owner(naming.JOB_KIND, name, spec.uid)
+        owner = job_owner(spec)
         existing = {s["metadata"]["name"]: s for s in obs.services}
         unseen = self.writes.unseen(obs)
         made = [
@@ -264,7 +264,7 @@ class Children:
     def launcher(self, obs: Observed, spec: JobSpec, plan: Plan) -> list[str]:
         if ("Pod", naming.launcher_name(spec.name)) in self.writes.unseen(obs):
             return []
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        owner = job_owner(spec)
         secret, items = self._pod_secret(spec, True)
         run, size = plan.status.restart_count or 0, len(plan.status.hosts)  # size: its start
         where = plan.placement.get(LAUNCHER_SET, ANYWHERE)

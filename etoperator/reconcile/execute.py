@@ -16,8 +16,8 @@ from etoperator import metrics, naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.api.statuses import scaler_status
-from etoperator.builders import scalers
-from etoperator.builders.common import Owner
+from etoperator.builders import scalers, workload
+from etoperator.builders.common import Owner, job_owner
 from etoperator.cache import Observed
 from etoperator.clock import iso
 from etoperator.kube import AlreadyExists, ApiError, Conflict, Kube
@@ -188,8 +188,7 @@ class Executor:
         """`kubectl scale`'s change as a scaler; one of that name not made for it is in the
         way until renamed or deleted."""
         spec, wanted = self.spec(p), w.wanted
-        body = scalers.replicas_scaler(spec.namespace, Owner(naming.JOB_KIND, spec.name,
-                                                             spec.uid), wanted)  # fmt: skip
+        body = scalers.replicas_scaler(spec.namespace, job_owner(spec), wanted)
         try:
             self.kube.create(body)
         except AlreadyExists:
@@ -250,7 +249,7 @@ class Executor:
 
     def make_workload(self, p: Pass, w: k.MakeWorkload) -> None:
         spec = self.spec(p)
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        owner = job_owner(spec)
         p.acted.problems += self.queues.make(
             spec, owner, w.name, w.workers, w.replacing, surplus=w.surplus
         )
@@ -266,10 +265,7 @@ class Executor:
         """Its owners: the job (its controller) and the pods (a list replaced whole, on no
         version: the next pass mends what a write between changed)."""
         spec = self.spec(p)
-        refs = [Owner(naming.JOB_KIND, spec.name, spec.uid).reference()]
-        refs += [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
-                 for name, uid in w.pods]  # fmt: skip
-        change = {"metadata": {"ownerReferences": refs}}
+        change = workload.owned_by_pods(job_owner(spec), w.pods)
         try:
             self.kube.patch(naming.WORKLOAD_KIND, spec.namespace, w.name, change)
         except ApiError as exc:

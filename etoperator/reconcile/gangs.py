@@ -11,7 +11,7 @@ from etoperator import naming
 from etoperator import status as st
 from etoperator.api.models import JobSpec
 from etoperator.builders import gang
-from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.builders.common import is_controlled_by, job_owner
 from etoperator.cache import Observed
 from etoperator.kube import AlreadyExists, Kube
 from etoperator.planning.views import GangView
@@ -62,7 +62,7 @@ class Gangs:
 
     def make(self, spec: JobSpec) -> None:
         """The Workload, then the PodGroup made from its template (either may be there)."""
-        owner = Owner(naming.JOB_KIND, spec.name, spec.uid)
+        owner = job_owner(spec)
         for body in (gang.workload(spec, owner), gang.pod_group(spec, owner)):
             with contextlib.suppress(AlreadyExists):
                 self.kube.create(body)

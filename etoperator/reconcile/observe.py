@@ -21,7 +21,7 @@ from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.scalers import ScalerSpec, parse_scaler
 from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, rbac, runtimes, ssh
-from etoperator.builders.common import Owner, is_controlled_by
+from etoperator.builders.common import is_controlled_by, job_owner
 from etoperator.cache import Observed
 from etoperator.clock import utcnow
 from etoperator.kube import Kube
@@ -199,7 +199,7 @@ class Observer:
         jid = job_id(spec.namespace, spec.name, spec.uid)
         if obs.secret is not None:
             self.keys.public[jid] = ssh.public_key(obs.secret)
-        wanted = rbac.launcher_rbac(spec, Owner(naming.JOB_KIND, spec.name, spec.uid))
+        wanted = rbac.launcher_rbac(spec, job_owner(spec))
         unseen = self.writes.unseen(obs)
         refs = [(o["kind"], o["metadata"]["name"]) for o in wanted]
         missing = tuple(r for r in refs if r not in obs.present and r not in unseen)

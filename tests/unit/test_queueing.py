@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from etoperator.api.models import JobSpec, parse_job
 from etoperator.api.statuses import JobStatus
+from etoperator.builders import workload
+from etoperator.builders.common import job_owner
 from etoperator.planning import JobInput, PodView, plan_job, surplus
 from etoperator.planning.views import QueueView
 from etoperator.status import Condition, condition
@@ -346,3 +348,17 @@ def test_a_reclaimed_worker_whose_drain_cannot_be_told_goes_at_the_bound() -> No
     late = taken(surplus.RECLAIM_DRAIN + 1)
     plan = plan_job(queued(spec, status, surplus.reclaimed_views(pods, late, NOW), late))
     assert plan.delete_pods == ["j-worker-2"]
+
+
+def test_a_workload_owned_by_the_pods_keeps_the_job_as_its_controller() -> None:
+    """The owners patch names the job (the one controller) and each pod, nothing else: the
+    garbage collector keeps the Workload while any of them lives."""
+    spec = parse_job(job("j", 2))
+    body = workload.owned_by_pods(job_owner(spec), [("j-worker-0", "u0"), ("j-worker-1", "u1")])
+    refs = body["metadata"]["ownerReferences"]
+    assert [r["controller"] for r in refs if r.get("controller")] == [True]
+    assert refs[0]["kind"] == "TrainingJob" and refs[0]["name"] == "j"
+    assert [(r["kind"], r["name"], r["uid"]) for r in refs[1:]] == [
+        ("Pod", "j-worker-0", "u0"),
+        ("Pod", "j-worker-1", "u1"),
+    ]
