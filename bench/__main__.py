@@ -22,6 +22,7 @@ from bench.beside import s1
 from bench.common import Row
 from bench.discovery import p1_p2_p3
 from bench.gangs import g1
+from bench.goodput import q3a
 from bench.ha import ha, p10
 from bench.preempt import q2, q3
 from bench.queues import q1
@@ -56,6 +57,7 @@ def main() -> int:
         ("q1", q1),
         ("q2", lambda t: q2(t, args.rounds)),
         ("q3", q3),
+        ("q3a", q3a),
         ("g1", g1),
         ("t1", lambda t: t1(t, args.rounds)),
         ("t1h", lambda t: t1_horovod(t, args.rounds)),

@@ -710,14 +710,16 @@ def test_a_scale_out_horovod_does_not_take_in_says_what_the_launcher_said(
     cluster.create(job("said", replicas=1, maxReplicas=2), ns)
     running(cluster, ns, "said", 1)
     with horovod_process(cluster, ns, "said", "said-worker-0", "said-worker-0"):
-        cluster.create(scaleout("more", "said", 1, timeout=10), ns)
+        # Horovod's ssh fails within seconds of the host's listing; the timeout is long enough
+        # for the line to be written (an exec, slow on a loaded machine) and read (every 5 s)
+        cluster.create(scaleout("more", "said", 1, timeout=30), ns)
         wait_for(
             lambda: "WaitingForHorovod" in str(cluster.condition(ns, "more", "Scaling", SO)),
             30, "waiting for Horovod",
         )  # fmt: skip
         line = "ssh: Could not resolve hostname said-worker-1: Name or service not known"
         cluster.exec(ns, "said-launcher", "sh", "-c", f"echo '{line}' > /proc/1/fd/1")
-        settled(cluster, ns, SO, "more", "ScaleFailed", 40)
+        settled(cluster, ns, SO, "more", "ScaleFailed", 60)
     failed = cluster.condition(ns, "more", "ScaleFailed", SO) or {}
     assert line in str(failed.get("message")), failed
     # The scaler's end is written a moment before its job's status.
