@@ -27,7 +27,8 @@ class TrainingRuntime(Protocol):
     # A whole stop (suspension, eviction) deletes the launcher first (its preStop asks the
     # training to save) and the running workers once it is gone, at once: deleted with it,
     # their preStop waits for the training to leave them, which a run saved for its stop
-    # never does (it holds). torchrun's workers save at their own SIGTERM instead.
+    # never does (it holds). torchrun's pods go at once: each worker's leave waits for the
+    # training's save (its report) before the kubelet's SIGTERM, which saves too.
     launcher_stops_first: bool
     ready_words: tuple[str, str]  # what WorkersReady says the listed worker(s) do: one, many
 
