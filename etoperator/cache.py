@@ -34,6 +34,16 @@ def _meta(body: Mapping[str, Any]) -> Body:
     return {k: copy.deepcopy(meta[k]) for k in (*_META, *_META_MORE) if k in meta}
 
 
+def _init_messages(status: Mapping[str, Any]) -> list[Body]:
+    """Of the init containers' statuses, only the termination messages there are."""
+    said = []
+    for cs in status.get("initContainerStatuses") or []:
+        message = ((cs.get("state") or {}).get("terminated") or {}).get("message")
+        if message:
+            said.append({"state": {"terminated": {"message": str(message)}}})
+    return said
+
+
 def slim(kind: str, body: Mapping[str, Any]) -> Body:
     """The parts of an object a pass reads: less memory for thousands of pods."""
     out: Body = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": _meta(body)}
@@ -42,6 +52,8 @@ def slim(kind: str, body: Mapping[str, Any]) -> Body:
         out["spec"] = {"nodeName": spec.get("nodeName"), "schedulerName": spec.get("schedulerName")}
         wanted = ("phase", "podIP", "reason", "conditions", "containerStatuses")
         out["status"] = {k: copy.deepcopy(status[k]) for k in wanted if k in status}
+        if said := _init_messages(status):  # a launcher's last-save report
+            out["status"]["initContainerStatuses"] = said
     elif kind in ("ConfigMap", "Secret"):
         out["data"] = dict(body.get("data") or {})
     elif kind == "Role":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,16 @@ def metadata(
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta
+
+
+def init_like(first: dict[str, Any], name: str, command: list[str]) -> dict[str, Any]:
+    """An init container of `first`'s image, got the same way (its pull policy and security
+    context): what the pod runs anyway, nothing more to pull or allow."""
+    init = {"name": name, "image": first.get("image"), "command": command}
+    for key in ("imagePullPolicy", "securityContext"):
+        if key in first:
+            init[key] = copy.deepcopy(first[key])
+    return init
 
 
 def is_controlled_by(obj: dict[str, Any], uid: str) -> bool:

@@ -5,7 +5,6 @@ Pure, as every builder."""
 
 from __future__ import annotations
 
-import copy
 import os
 import shlex
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from etoperator import naming
 from etoperator.api.models import JobSpec
 from etoperator.builders import gang, pods
-from etoperator.builders.common import ANYWHERE, Owner, Placement
+from etoperator.builders.common import ANYWHERE, Owner, Placement, init_like
 
 KEEP_ALIVE = 1  # seconds between an agent's heartbeats (torch: 5)
 # Heartbeats missed before a node counts as dead (torch: 3, so 15 s). A node that leaves on
@@ -115,15 +114,9 @@ def wait_for_rendezvous(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
         "        time.sleep(0.2)\n"
         "sys.exit(1)\n"
     )
-    init = {
-        "name": "wait-for-rendezvous",
-        "image": first.get("image"),
-        "command": ["sh", "-c", f"exec {PYTHON} -c {shlex.quote(code)}"],
-    }
-    for key in ("imagePullPolicy", "securityContext"):  # the same image, got the same way
-        if key in first:
-            init[key] = copy.deepcopy(first[key])
-    return init
+    return init_like(
+        first, "wait-for-rendezvous", ["sh", "-c", f"exec {PYTHON} -c {shlex.quote(code)}"]
+    )
 
 
 def forked_agent(container: dict[str, Any]) -> None:

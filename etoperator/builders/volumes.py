@@ -8,7 +8,7 @@ from typing import Any
 
 from etoperator import naming
 from etoperator.api.models import JobSpec
-from etoperator.builders.common import Owner, metadata
+from etoperator.builders.common import Owner, init_like, metadata
 
 
 def shared_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
@@ -93,4 +93,22 @@ def launcher_saves(spec: JobSpec, pod: dict[str, Any]) -> dict[str, Any]:
     pod = mount_shared(spec, pod)
     first = pod["spec"]["containers"][0]
     first.setdefault("lifecycle", {}).setdefault("preStop", save_hook(spec.shared.mount_path))
+    inits = [c for c in pod["spec"].get("initContainers") or [] if c.get("name") != LAST_SAVE]
+    pod["spec"]["initContainers"] = [*inits, last_save(spec, first)]
     return pod
+
+
+LAST_SAVE = "last-save"
+
+
+def last_save(spec: JobSpec, first: dict[str, Any]) -> dict[str, Any]:
+    """An init container of the launcher: the last save reported on the shared volume, as its
+    termination message. A stop's report is its launcher's own termination message, gone
+    with the pod: with the operator down until then, the job's next run says it again."""
+    assert spec.shared is not None
+    report = shlex.quote(f"{spec.shared.mount_path}/{naming.SAVE_REPORT}")
+    script = f"cat {report} > /dev/termination-log 2>/dev/null; exit 0"
+    init = init_like(first, LAST_SAVE, ["sh", "-c", script])
+    mount = {"name": naming.SHARED_VOLUME, "mountPath": spec.shared.mount_path, "readOnly": True}
+    init["volumeMounts"] = [mount]
+    return init

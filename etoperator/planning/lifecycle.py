@@ -132,16 +132,17 @@ def settle_after(d: Draft, phase: str | None) -> None:
 
 
 def note_saved(d: Draft) -> None:
-    """The save the stopping launcher's preStop reported (the save handshake): the job's
-    status.lastSaved, and an event the first time it is seen."""
+    """The save the stopping launcher's preStop reported (the save handshake), or the one a
+    new run's launcher found on the volume: the job's status.lastSaved when newer than what
+    it says, and an event the first time it is seen."""
     launcher = d.launcher
     said = launcher.saved if launcher is not None and launcher.saved else d.inp.saved
     if not said:
         return
     step, at = (part.split("=", 1)[1] for part in said.split())
     when = iso(datetime.fromtimestamp(float(at), UTC))
-    if (d.status.last_saved or {}).get("time") == when:
-        return
+    if str((d.status.last_saved or {}).get("time") or "") >= when:
+        return  # said already, or older than what is said
     d.status.last_saved = {"step": int(step), "time": when}
     message = f"the training saved step {step} as its run stopped"
     d.plan.tell(Event("Normal", "Saved", message))

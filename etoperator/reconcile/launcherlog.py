@@ -10,8 +10,13 @@ SAVED = re.compile(r"step=\d+ t=\d+(\.\d+)?")
 
 
 def said_saved(pod: dict[str, Any]) -> str:
-    """The save report a stopped container left as its termination message ("" if none)."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+    """The save report a stopped container left as its termination message ("" if none): the
+    launcher's own as its run stopped, else its init container's (the last save of all)."""
+    status = pod.get("status") or {}
+    for cs in [
+        *(status.get("containerStatuses") or []),
+        *(status.get("initContainerStatuses") or []),
+    ]:
         message = str(((cs.get("state") or {}).get("terminated") or {}).get("message") or "")
         if SAVED.fullmatch(message.strip()):
             return message.strip()

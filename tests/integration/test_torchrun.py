@@ -297,3 +297,33 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     resumed = book.wait_at(2, since, 180)
     first = min((x for x in resumed.steps if x[3] > since), key=lambda x: x[3])
     assert first[0] == last[0] + 1, f"resumed at {first}, stopped after {last}"
+    stopped_unseen(cluster, ns, book)
+
+
+def stopped_unseen(cluster: Cluster, ns: str, book: Logbook) -> None:
+    """Stopped again with the operator down from the launcher's delete until its pod is gone:
+    the stop's report went with the pod (status.lastSaved kept the first stop's). The next
+    run's launcher finds it on the volume and the status says it; training goes on from it."""
+
+    def deleting() -> bool:
+        pod = cluster.api.get("Pod", ns, "tr-launcher")
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+    cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
+    wait_for(deleting, 30, "the launcher deleted", 0.05)
+    cluster.operator.kill()
+    wait_for(lambda: cluster.api.get("Pod", ns, "tr-launcher") is None, 60, "the launcher gone")
+    cluster.operator.start()
+    wait_for(lambda: not cluster.pods(ns, "tr", live=False), 60, "every pod gone")
+    last = book.read().last()
+    assert last is not None
+    since = time.time()
+    cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": False}})
+
+    def said() -> object:
+        return (cluster.status(ns, "tr").get("lastSaved") or {}).get("step")
+
+    wait_for(lambda: said() == last[0], 180, f"lastSaved at step {last[0]}")
+    resumed = book.wait_at(2, since, 180)
+    first = min((x for x in resumed.steps if x[3] > since), key=lambda x: x[3])
+    assert first[0] == last[0] + 1, f"resumed at {first}, stopped after {last}"

@@ -9,8 +9,13 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+from etoperator.api.models import parse_job
+from etoperator.builders.common import Owner
 from etoperator.builders.volumes import save_hook
+from localcluster.manifests import torchrun_job
 from tests.support.modules import load
+
+OWNER = Owner("TrainingJob", "tr", "uid-1")
 
 
 def savepoint() -> ModuleType:
@@ -96,6 +101,36 @@ def test_a_save_reported_by_a_launcher_already_gone_reaches_the_status() -> None
         inp(jspec(), running_status([0, 1]), []), saved="step=7 t=1767268800.0"
     )
     assert plan_job(gone).status.last_saved == {"step": 7, "time": "2026-01-01T12:00:00Z"}
+
+
+def test_a_save_the_operator_missed_is_said_by_the_next_run_s_launcher() -> None:
+    """The operator down from a launcher's delete until its pod was gone: the stop's report
+    went with the pod. The next run's launcher finds it on the volume (its init container's
+    termination message): the status says it then; an older one changes nothing."""
+    import dataclasses
+
+    from etoperator.builders import runtimes
+    from etoperator.cache import slim
+    from etoperator.planning import plan_job
+    from etoperator.reconcile.launcherlog import said_saved
+    from tests.unit.test_planning import inp, jspec, launcher, running_status, w
+
+    spec = parse_job(torchrun_job("tr", 2, ["--steps", "5"]))
+    pod = runtimes.of(spec).launcher(spec, OWNER, 1, ("tr", frozenset()), 2)[-1]
+    init = pod["spec"]["initContainers"][-1]
+    assert init["volumeMounts"][0]["mountPath"] == "/checkpoints"
+    assert "/checkpoints/.etoperator-saved" in init["command"][-1]
+    started = {"initContainerStatuses": [
+        {"state": {"terminated": {"exitCode": 0, "message": "step=9 t=1767268800.0"}}}
+    ]}  # fmt: skip
+    said = said_saved(slim("Pod", {"metadata": {"name": "tr-launcher"}, "status": started}))
+    assert said == "step=9 t=1767268800.0"
+    new_run = dataclasses.replace(launcher("Running"), saved=said)
+    plan = plan_job(inp(jspec(), running_status([0, 1]), [w(0), w(1), new_run]))
+    assert plan.status.last_saved == {"step": 9, "time": "2026-01-01T12:00:00Z"}
+    later = dict(plan.status.last_saved, time="2026-01-02T00:00:00Z", step=12)
+    status = dataclasses.replace(plan.status, last_saved=later)
+    assert plan_job(inp(jspec(), status, [w(0), w(1), new_run])).status.last_saved == later
 
 
 def test_a_stop_keeps_the_host_list_until_the_launcher_is_gone() -> None:
