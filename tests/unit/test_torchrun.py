@@ -234,8 +234,11 @@ def test_the_agent_runs_the_script_in_workers_forked_with_torch_imported(tmp_pat
 
 
 def test_a_worker_s_failure_is_the_agent_s(tmp_path: Path) -> None:
+    """The first worker to fail ends the other (torch's agent stops the group), perhaps
+    before it wrote: each that wrote ran the script, and the agent's exit is a failure."""
     code, said = run_agent(tmp_path, 3)
-    assert code != 0 and said["0"] == "__main__ True found 1 3 x y"
+    assert code != 0 and said, said
+    assert set(said.values()) == {"__main__ True found 1 3 x y"}, said
 
 
 def test_a_start_method_asked_for_is_torchrun_s_as_it_is(tmp_path: Path) -> None:
