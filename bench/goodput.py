@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.common import Row
-from bench.preempt import prioritised
+from bench.preempt import prioritised, prioritised_queue
 from etoperator import naming
 from localcluster import digits
-from localcluster.queues import KUEUE, MILLICPU, make_queue, queued_job
+from localcluster.queues import MILLICPU, queued_job
 from localcluster.world import Real, start_real, wait_for
 
 EPOCHS = 150  # about 4 minutes at 4 workers here: several preemptions long
@@ -77,11 +75,7 @@ def q3a(tmp: Path, every: float = 40.0) -> list[Row]:
     c = start_real(tmp, nodes=2, kueue=True)
     try:
         ns = c.new_namespace()
-        make_queue(c, ns, pods=5, preempt=True)
-        for name, value in (("low", 10), ("high", 1000)):
-            wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
-                   "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
-            c.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+        prioritised_queue(c, ns)
         static = finished(c, ns, "static")
         traced = finished(c, ns, "traced", every)
     finally:

@@ -15,7 +15,7 @@ import yaml
 from bench.common import Row, fmt
 from etoperator import naming
 from localcluster.manifests import IMAGE, SHARED
-from localcluster.queues import KUEUE, make_queue, queued_job
+from localcluster.queues import KUEUE, MILLICPU, make_queue, queued_job
 from localcluster.tour import Training
 from localcluster.world import Real, start_real, wait_for
 
@@ -29,11 +29,7 @@ def q2(tmp: Path, rounds: int = 10) -> list[Row]:
     c = start_real(tmp, nodes=2, kueue=True)
     try:
         ns = c.new_namespace()
-        make_queue(c, ns, pods=5, preempt=True)
-        for name, value in (("low", 10), ("high", 1000)):
-            wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
-                   "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
-            c.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+        prioritised_queue(c, ns)
         seen = watch_workloads(c, ns)
         usable, running, restarts = [], [], 0
         for i in range(rounds):
@@ -56,6 +52,16 @@ def q2(tmp: Path, rounds: int = 10) -> list[Row]:
         ]  # fmt: skip
     finally:
         c.stop()
+
+
+def prioritised_queue(c: Real, ns: str, millicpu: int = MILLICPU) -> None:
+    """A queue of `ns` with room for 5 pods that preempts by priority, and its two priority
+    classes: "low" (10) and "high" (1000), named for `ns`."""
+    make_queue(c, ns, pods=5, preempt=True, millicpu=millicpu)
+    for name, value in (("low", 10), ("high", 1000)):
+        wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
+               "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
+        c.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
 
 
 def prioritised(body: dict[str, Any], ns: str, level: str) -> dict[str, Any]:
@@ -126,11 +132,7 @@ def q3(tmp: Path, seconds: float = 360.0, every: float = 90.0) -> list[Row]:
     c = start_real(tmp, nodes=2, kueue=True)
     try:
         ns = c.new_namespace()
-        make_queue(c, ns, pods=5, preempt=True, millicpu=100)
-        for name, value in (("low", 10), ("high", 1000)):
-            wpc = {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass",
-                   "metadata": {"name": f"{name}-{ns}"}, "value": value}  # fmt: skip
-            c.kubectl("apply", "-f", "-", input=yaml.safe_dump(wpc))
+        prioritised_queue(c, ns, millicpu=100)
         static = steady_rate(c, ns, "static", seconds)
         kept, lost, shrunk = traced_rate(c, ns, "traced", seconds, every)
         return [
