@@ -23,7 +23,7 @@ from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, rbac, runtimes, ssh
 from etoperator.builders.common import is_controlled_by, job_owner
 from etoperator.cache import Observed
-from etoperator.clock import utcnow
+from etoperator.clock import parse_iso, utcnow
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView, surplus
 from etoperator.planning.views import BasicsView, QueueView
@@ -92,6 +92,14 @@ def running_scale(status: JobStatus, scalers: list[ScalerView]) -> tuple[str, li
         if s.kind_name == (ref[0], ref[2]):
             return s.kind, s.planned
     return "", []
+
+
+def ending(scaler: ScalerView, now: datetime, within: float) -> bool:
+    """Whether the scaler's timeout ends within `within` seconds of `now` (or has ended)."""
+    started = parse_iso(scaler.status.start_time)
+    if started is None or scaler.spec is None:
+        return False
+    return (now - started).total_seconds() >= scaler.spec.timeout - within
 
 
 def probes_wanted(
@@ -331,18 +339,22 @@ class Observer:
     def launcher_said(self, obs: Observed, scalers: list[ScalerView]) -> tuple[str, ...]:
         """While a ScaleOut waits for Horovod to take its workers in, what the launcher's log
         says of them (an ssh that failed, a name, a timeout): the lines naming them, read at
-        most every LOG_EVERY seconds; () otherwise."""
+        most every LOG_EVERY seconds (at every pass near its timeout, so that a rollback says
+        the last of them); () otherwise."""
         meta = obs.job["metadata"]
         jid = job_id(meta["namespace"], meta["name"], meta["uid"])
         kind, pods = running_scale(obs.status, scalers)
-        waiting = kind == naming.SCALEOUT_KIND and any(
-            "WaitingForHorovod" in str(s.status.conditions) for s in scalers if s.planned == pods
-        )
-        if not waiting or not pods:
+        waiting = [
+            s
+            for s in scalers
+            if s.planned == pods and "WaitingForHorovod" in str(s.status.conditions)
+        ]
+        if kind != naming.SCALEOUT_KIND or not waiting or not pods:
             self._said.pop(jid, None)
             return ()
         last = self._said.get(jid)
-        if last is not None and self.now() - last[0] < LOG_EVERY:
+        due = any(ending(s, self.wall(), LOG_EVERY) for s in waiting)
+        if last is not None and self.now() - last[0] < LOG_EVERY and not due:
             return last[1]
         text = self.kube.pod_log(meta["namespace"], naming.launcher_name(meta["name"]), 400)
         said = tuple(words_about(text, pods))

@@ -241,3 +241,46 @@ def test_a_pod_no_scheduler_takes_up_is_said_to_wait_for_one() -> None:
     assert soon.waiting == ""
     (late,) = classify("j", [pod], set(), made + timedelta(seconds=30))
     assert "no scheduler has taken it up in 30s (schedulerName no-such)" in late.waiting
+
+
+class LauncherLog:
+    """A launcher whose log the test writes to; `pod_log` reads it as the API would."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def pod_log(self, ns: str, name: str, tail: int) -> str:
+        return self.text
+
+
+def test_what_the_launcher_said_is_read_fresh_as_a_waiting_scale_out_times_out() -> None:
+    """The launcher's log is read at most every LOG_EVERY seconds while a ScaleOut waits on
+    Horovod; near its timeout it is read at every pass, so the rollback's message has the
+    launcher's last words (a line said in the last seconds was missed)."""
+    start = datetime(2026, 1, 1, 12, 0, 0)
+    clock = {"mono": 100.0, "wall": start}
+    launcher = LauncherLog()
+    observer = Observer(kube=launcher, keys=state.Keys(),  # type: ignore[arg-type]
+                        now=lambda: clock["mono"], wall=lambda: clock["wall"])  # fmt: skip
+    job = {"metadata": {"namespace": "ns", "name": "j", "uid": "u1"},
+           "status": {"currentScaler": "ScaleOut:ns/grow"}}  # fmt: skip
+    waiting = {"type": "Scaling", "status": "True", "reason": "WaitingForHorovod"}
+    grow = scaler_view({
+        "kind": "ScaleOut", "metadata": {"namespace": "ns", "name": "grow"},
+        "spec": {"selector": {"name": "j"}, "toAdd": {"count": 1}, "timeout": 30},
+        "status": {"addPods": ["j-worker-2"], "startTime": "2026-01-01T12:00:00Z",
+                   "conditions": [waiting]},
+    }, None)  # fmt: skip
+    obs = observed(job)
+
+    def said(after: float) -> tuple[str, ...]:
+        clock["mono"] += 1.0
+        clock["wall"] = start + timedelta(seconds=after)
+        return observer.launcher_said(obs, [grow])
+
+    assert said(10) == ()
+    launcher.text = "ssh: Could not resolve hostname j-worker-2: Name or service not known"
+    assert said(11) == ()  # read a second ago: not again yet
+    assert said(29) == (launcher.text,)  # its timeout near: read now
+    launcher.text += "\nj-worker-2: Connection timed out"
+    assert said(30)[-1] == "j-worker-2: Connection timed out"
