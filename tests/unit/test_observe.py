@@ -258,10 +258,10 @@ def test_what_the_launcher_said_is_read_fresh_as_a_waiting_scale_out_times_out()
     Horovod; near its timeout it is read at every pass, so the rollback's message has the
     launcher's last words (a line said in the last seconds was missed)."""
     start = datetime(2026, 1, 1, 12, 0, 0)
-    clock = {"mono": 100.0, "wall": start}
+    mono, wall = [100.0], [start]
     launcher = LauncherLog()
     observer = Observer(kube=launcher, keys=state.Keys(),  # type: ignore[arg-type]
-                        now=lambda: clock["mono"], wall=lambda: clock["wall"])  # fmt: skip
+                        now=lambda: mono[0], wall=lambda: wall[0])  # fmt: skip
     job = {"metadata": {"namespace": "ns", "name": "j", "uid": "u1"},
            "status": {"currentScaler": "ScaleOut:ns/grow"}}  # fmt: skip
     waiting = {"type": "Scaling", "status": "True", "reason": "WaitingForHorovod"}
@@ -274,8 +274,8 @@ def test_what_the_launcher_said_is_read_fresh_as_a_waiting_scale_out_times_out()
     obs = observed(job)
 
     def said(after: float) -> tuple[str, ...]:
-        clock["mono"] += 1.0
-        clock["wall"] = start + timedelta(seconds=after)
+        mono[0] += 1.0
+        wall[0] = start + timedelta(seconds=after)
         return observer.launcher_said(obs, [grow])
 
     assert said(10) == ()
