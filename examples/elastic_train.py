@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
 
 import horovod.torch as hvd
+import hvd_state
 import torch
 
 # Making the first optimizer imports PyTorch's compiler stack (torch._dynamo: 2-3 s of CPU, far
@@ -32,10 +32,11 @@ import torch
 # it in their first sync).
 import torch._dynamo
 import torch.nn.functional as F
-from savepoint import SaveRequests, hold, write_whole
+from savepoint import SaveRequests, hold
 
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "elastic_train.pt"
+SAVED = ("model", "optimizer", "step", "eval_before")  # what a checkpoint holds
 
 
 def teacher_batch(gen: torch.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,25 +61,10 @@ def evaluate(model: torch.nn.Module) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
-def save(directory: str, state: hvd.elastic.TorchState) -> None:
-    """The committed state, atomically (a reader sees the old checkpoint or the new one)."""
-    os.makedirs(directory, exist_ok=True)
-    saved = {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict()}
-    saved |= {"step": state.step, "eval_before": state.eval_before}
-    write_whole(os.path.join(directory, CHECKPOINT), lambda tmp: torch.save(saved, tmp))
-
-
 def load(directory: str, state: hvd.elastic.TorchState) -> None:
     """The last save, if any, as the state to train on from (and to reset to)."""
     path = os.path.join(directory, CHECKPOINT)
-    if not directory or not os.path.exists(path):
-        return
-    saved: dict[str, Any] = torch.load(path, weights_only=True)
-    state.model.load_state_dict(saved["model"])
-    state.optimizer.load_state_dict(saved["optimizer"])
-    state.step, state.eval_before = saved["step"], saved["eval_before"]
-    state.save()
-    if hvd.rank() == 0:
+    if directory and hvd_state.load(path, state, SAVED) and hvd.rank() == 0:
         print(f"RESUMED step={state.step} from {path}", flush=True)
 
 
@@ -115,6 +101,7 @@ def main() -> None:
 
     state.register_reset_callbacks([on_reset])
     load(args.checkpoint_dir, state)
+    saves = os.path.join(args.checkpoint_dir, CHECKPOINT)
     # Every rank watches (rank 0 answers): after a reset another process may be rank 0.
     requests = SaveRequests(args.checkpoint_dir)
 
@@ -137,9 +124,9 @@ def main() -> None:
             if state.step % args.commit_every == 0:
                 state.commit()
                 if hvd.rank() == 0 and args.checkpoint_dir:
-                    save(args.checkpoint_dir, state)
+                    hvd_state.save(saves, state, SAVED)
             if hvd.rank() == 0 and requests.asked():  # the run stops: save this step, no more
-                save(args.checkpoint_dir, state)
+                hvd_state.save(saves, state, SAVED)
                 requests.report(state.step)
                 print(f"SAVED step={state.step}", flush=True)
                 hold()

@@ -6,6 +6,7 @@ ScaleIn by count, ScaleIn by name) and a killed worker."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -28,11 +29,14 @@ from localcluster.world import ROOT, Chain, Timeout, wait_for
 
 TRAIN_SAMPLES = 1437  # 80 % of the 1,797 digits
 MAX_RANKS = 4  # the example job's maxReplicas, one slot each
-EPOCHS = 20  # the tour's four resizes are done by the 5th (alone, and beside the suite: its remark)
+# The tour's four resizes are done by the 5th epoch (alone, and beside the suite: its remark);
+# then a suspension, whose stop and save take a few epochs' time at 1 worker.
+EPOCHS = 30
 EXAMPLE = "training_job_digits.yaml"
 JOB = "elastic-training"  # the example's name (the scaler examples select it)
 EPOCH = re.compile(r"EPOCH (\d+) size=(\d+) test_accuracy=([\d.]+) t=([\d.]+)")
 DONE = re.compile(r"DONE epochs=(\d+) size=(\d+) test_accuracy=([\d.]+) resets=(\d+)")
+RESUMED = re.compile(r"RESUMED step=(\d+) epoch=(\d+) position=(\d+)")
 
 
 class Epoch(NamedTuple):
@@ -244,8 +248,9 @@ class Elastic:
         self.c.kill(self.ns, pod)
 
     def tour(self) -> dict[str, float]:
-        """ScaleOut +2, ScaleIn by count, ScaleIn by name, a killed worker: each timed to the
-        first epoch at the new size; then the job must succeed."""
+        """ScaleOut +2, ScaleIn by count, ScaleIn by name, a killed worker, a suspension and
+        its resume: each timed to the first epoch at the new size; then the job must
+        succeed."""
         w = f"{JOB}-worker"
         timings = {
             "scale_out_+2": self.scale("ScaleOut +2", 4, example("scale_out.yaml")),
@@ -255,10 +260,27 @@ class Elastic:
         hosts = self.c.hosts(self.ns, JOB)
         assert hosts == [f"{w}-0", f"{w}-2"], hosts
         timings["worker_killed"] = self.step("worker-2 killed", 1, lambda: self.kill(f"{w}-2"))
-        # Where the tour ended, against the epochs it has: how many are needed under load.
-        last = self.run().epochs[-1].n
-        runnotes.remark(f"digits: the tour's resizes done by epoch {last} of {EPOCHS}")
         # Horovod may shrink before the kubelet reports the dead container (its relist).
         wait_for(lambda: self.c.hosts(self.ns, JOB) == [f"{w}-0"], 10, "worker-2 out of the list")
+        timings["suspended_resumed"] = self.suspended(1)
+        # Where the tour ended, against the epochs it has: how many are needed under load.
+        last = self.run().epochs[-1].n
+        runnotes.remark(f"digits: the tour's changes done by epoch {last} of {EPOCHS}")
         self.finish()
         return timings
+
+    def suspend(self, suspend: bool) -> None:
+        body = json.dumps({"spec": {"suspend": suspend}})
+        self.c.kubectl("-n", self.ns, "patch", "trainingjob", JOB, "--type=merge", "-p", body)
+
+    def suspended(self, size: int) -> float:
+        """The job suspended mid-epoch, then resumed at `size`: its launcher asks the
+        training to save as the run stops, and the new run goes on from the step saved (the
+        job's status names it). The seconds from the resume to the new run's first epoch."""
+        self.suspend(True)
+        wait_for(lambda: not self.c.pods(self.ns, JOB, live=False), 90, "every pod gone", 0.5)
+        took = self.step("resumed", size, lambda: self.suspend(False))
+        resumed = RESUMED.search(self.log())
+        saved = self.c.status(self.ns, JOB).get("lastSaved") or {}
+        assert resumed is not None and int(resumed[1]) == saved.get("step"), (resumed, saved)
+        return took

@@ -1,9 +1,10 @@
 """Training as users run it: the digits example (a real data set, a CNN, ElasticSampler) as a
-TrainingJob through ScaleOut +2, ScaleIn by count, ScaleIn by name and a killed worker, against
-the same epochs under plain `horovodrun` in the same test. Every sample of every epoch is
-trained; a sample is trained twice only after the killed worker rolled training back to the
-last commit (or as the sampler's padding to equal shards); the final test accuracy is within a
-point of the static run's."""
+TrainingJob through ScaleOut +2, ScaleIn by count, ScaleIn by name, a suspension mid-epoch
+and a killed worker, against the same epochs under plain `horovodrun` in the same test. Every
+sample of every epoch is trained; a sample is trained twice only after the killed worker rolled
+training back to the last commit (or as the sampler's padding to equal shards): the run after
+the suspension went on from the sample its save stopped at, on the job's shared volume; the
+final test accuracy is within a point of the static run's."""
 
 from __future__ import annotations
 
