@@ -163,7 +163,7 @@ def accuracy(tmp: Path, epochs: int = digits.EPOCHS) -> list[Row]:
     return [
         ("A1", f"test accuracy after {epochs} epochs: static (plain horovodrun, 2 ranks)",
          f"{plain.accuracy}", ""),
-        ("A1", "... elastic (ScaleOut +2, ScaleIn by count and by name, suspended and resumed, "
-         "a worker killed)",
+        ("A1", "... elastic (ScaleOut +2, ScaleIn by count and by name, a worker killed, "
+         "suspended and resumed)",
          f"{resized.accuracy} ({diff * 100:+.1f} points)", "within 1 point"),
     ]  # fmt: skip
