@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from etoperator import naming
 from etoperator import status as st
@@ -23,9 +23,16 @@ SCRIPT_GRACE = 5
 def timed_out(d: Draft, sc: ScalerView, more: int = 0) -> bool:
     """Whether the scale has run its timeout (and `more` seconds)."""
     assert sc.spec is not None
+    return overdue(sc, d.inp.now, more)
+
+
+def overdue(sc: ScalerView, now: datetime, more: float = 0) -> bool:
+    """Whether the scale has run its timeout and `more` seconds (fewer, when negative) by
+    `now`; never for one not started."""
     started = parse_iso(sc.status.start_time)
-    limit = timedelta(seconds=sc.spec.timeout + more)
-    return started is not None and d.inp.now - started >= limit
+    if started is None or sc.spec is None:
+        return False
+    return now - started >= timedelta(seconds=sc.spec.timeout + more)
 
 
 def drive_scale_out(d: Draft, sc: ScalerView, m: Members, broken: list[str]) -> Members:

@@ -23,9 +23,10 @@ from etoperator.api.statuses import JobStatus, scaler_status
 from etoperator.builders import config, rbac, runtimes, ssh
 from etoperator.builders.common import is_controlled_by, job_owner
 from etoperator.cache import Observed
-from etoperator.clock import parse_iso, utcnow
+from etoperator.clock import utcnow
 from etoperator.kube import Kube
 from etoperator.planning import PodView, ScalerView, surplus
+from etoperator.planning.scaling import overdue
 from etoperator.planning.views import BasicsView, QueueView
 from etoperator.reconcile.launcherlog import said_saved, words_about
 from etoperator.reconcile.podviews import classify
@@ -92,14 +93,6 @@ def running_scale(status: JobStatus, scalers: list[ScalerView]) -> tuple[str, li
         if s.kind_name == (ref[0], ref[2]):
             return s.kind, s.planned
     return "", []
-
-
-def ending(scaler: ScalerView, now: datetime, within: float) -> bool:
-    """Whether the scaler's timeout ends within `within` seconds of `now` (or has ended)."""
-    started = parse_iso(scaler.status.start_time)
-    if started is None or scaler.spec is None:
-        return False
-    return (now - started).total_seconds() >= scaler.spec.timeout - within
 
 
 def probes_wanted(
@@ -353,7 +346,7 @@ class Observer:
             self._said.pop(jid, None)
             return ()
         last = self._said.get(jid)
-        due = any(ending(s, self.wall(), LOG_EVERY) for s in waiting)
+        due = any(overdue(s, self.wall(), -LOG_EVERY) for s in waiting)
         if last is not None and self.now() - last[0] < LOG_EVERY and not due:
             return last[1]
         text = self.kube.pod_log(meta["namespace"], naming.launcher_name(meta["name"]), 400)
