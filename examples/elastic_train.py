@@ -61,13 +61,6 @@ def evaluate(model: torch.nn.Module) -> float:
         return float(F.cross_entropy(model(x), y))
 
 
-def load(directory: str, state: hvd.elastic.TorchState) -> None:
-    """The last save, if any, as the state to train on from (and to reset to)."""
-    path = os.path.join(directory, CHECKPOINT)
-    if directory and hvd_state.load(path, state, SAVED) and hvd.rank() == 0:
-        print(f"RESUMED step={state.step} from {path}", flush=True)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=300)
@@ -100,7 +93,9 @@ def main() -> None:
         state.resets += 1
 
     state.register_reset_callbacks([on_reset])
-    load(args.checkpoint_dir, state)
+    found = hvd_state.load(args.checkpoint_dir, CHECKPOINT, state, SAVED)
+    if found and hvd.rank() == 0:
+        print(f"RESUMED step={state.step} from {found}", flush=True)
     saves = os.path.join(args.checkpoint_dir, CHECKPOINT)
     # Every rank watches (rank 0 answers): after a reset another process may be rank 0.
     requests = SaveRequests(args.checkpoint_dir)

@@ -22,11 +22,12 @@ def save(path: str, state: Any, keys: tuple[str, ...]) -> None:
     write_whole(path, lambda tmp: torch.save(saved, tmp))
 
 
-def load(path: str, state: Any, keys: tuple[str, ...]) -> bool:
-    """The last save, if any, into `state`, and committed: a reset before the next commit
-    goes back to it. False when there is none."""
-    if not os.path.exists(path):
-        return False
+def load(directory: str, name: str, state: Any, keys: tuple[str, ...]) -> str | None:
+    """The last save in `directory` (none without one), if any, into `state`, and committed:
+    a reset before the next commit goes back to it. The file's path, or None."""
+    path = os.path.join(directory, name)
+    if not directory or not os.path.exists(path):
+        return None
     saved: dict[str, Any] = torch.load(path, weights_only=True)
     for k in keys:
         held = getattr(state, k)
@@ -35,7 +36,7 @@ def load(path: str, state: Any, keys: tuple[str, ...]) -> bool:
         else:
             setattr(state, k, saved[k])
     state.save()
-    return True
+    return path
 
 
 def _value(held: Any) -> Any:
