@@ -12,8 +12,7 @@
 #
 # Usage: hack/build-images.sh NODE_BIN   Prints the archive directory on its last line.
 # With NODE_BIN empty, every image but the pause image (set-up builds them beside the Go builds,
-# before the node binaries are there); `current` is written only with it. With NODE_BIN
-# `--base`, the base image only (set-up builds it beside the virtualenv: it needs nothing of it).
+# before the node binaries are there); `current` is written only with it.
 set -euo pipefail
 shopt -s inherit_errexit  # a failed build inside $(...) fails the script
 cd "$(dirname "$0")/.."
@@ -85,10 +84,6 @@ build_base() {
 base_hash=$(printf '%s\n' "$SUITE" "$MIRROR" "$(declare -f build_base)" | cat - $cas | sha256sum | cut -c1-12)
 base_tar=$(archive "$base_ref" "$base_ref" "$base_hash" build_base)
 buildah inspect "$base_ref" >/dev/null 2>&1 || buildah pull --quiet "docker-archive:$base_tar" >/dev/null
-if [ "$NODE_BIN" = --base ]; then
-    echo "$OUT"
-    exit 0
-fi
 
 pause_ref=localhost/etoperator/pause:local
 build_pause() {

@@ -39,9 +39,8 @@ mkdir -p /run/sshd
 [ -f /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A >/dev/null
 
 # The virtualenv is made beside the Go builds: its downloads (torch with its CUDA libraries, a
-# few GB) overlap their compiling, and the base image (Debian's packages, 70-80 s) is made beside
-# it; and then the images but the pause image (which needs the node binaries): their downloads
-# and gigabytes written leave the builds a core much of the time.
+# few GB) overlap their compiling; and then the images but the pause image (which needs the
+# node binaries): their downloads and gigabytes written leave the builds a core much of the time.
 lock_id=$(cat requirements.lock hack/build-horovod.sh | sha256sum | cut -c1-16)
 venv="$CACHE/venvs/$("$PY" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')-$lock_id"
 make_venv() {
@@ -57,13 +56,9 @@ make_venv() {
     "$venv/bin/python" -c 'import horovod.torch as hvd; assert hvd.gloo_built()'
     touch "$venv/.complete"
 }
-beside() {  # the virtualenv beside the base image, then the images its Horovod wheel goes into
-    hack/build-images.sh --base >"$CACHE/base.log" 2>&1 &
-    local base_pid=$!
+beside() {  # the virtualenv, then the images its Horovod wheel goes into
     [ -f "$venv/.complete" ] || make_venv
-    wait "$base_pid" || { cat "$CACHE/base.log"; return 1; }
-    cat "$CACHE/base.log"
-    echo "setup: virtualenv and base image ready; the images but the pause image"
+    echo "setup: virtualenv ready; the images but the pause image"
     hack/build-images.sh ""
 }
 mkdir -p "$CACHE"
