@@ -24,7 +24,7 @@ from localcluster.controlplane import ROOT, ControlPlane
 from localcluster.hollow import HollowNodes
 from localcluster.kueue import Kueue
 from localcluster.network import SLOTS, Network, claim_slot, free_slots, machine_lock
-from localcluster.node import RealNode, release_namespaces_dir, restore_sysctls
+from localcluster.node import LogsRead, RealNode, release_namespaces_dir, restore_sysctls
 from localcluster.nodeclean import reclaim
 from localcluster.nodes import Nodes, wait_ready
 from localcluster.operatorproc import OPERATOR_NS as OPERATOR_NS
@@ -258,13 +258,22 @@ class LocalCluster:
     def pod_log(self, ns: str, name: str) -> str:
         """The pod's output so far, from its node's log files (cheap enough to poll: where a pod
         runs is looked up once per pod)."""
+        placed = self._where_now(ns, name)
+        return "" if placed is None else placed[0].pod_log(ns, name, placed[1])
+
+    def pod_log_since(self, ns: str, name: str, read: LogsRead) -> str:
+        """What the pod printed since `read` was last given for it (node.pod_log_since)."""
+        placed = self._where_now(ns, name)
+        return "" if placed is None else placed[0].pod_log_since(ns, name, placed[1], read)
+
+    def _where_now(self, ns: str, name: str) -> tuple[RealNode, str] | None:
         placed = self._where.get((ns, name))
         if placed is None or not placed[0].pod_log_dir(ns, name, placed[1]).exists():
             placed = self._placed(ns, name)
             if placed is None:
-                return ""
+                return None
             self._where[(ns, name)] = placed
-        return placed[0].pod_log(ns, name, placed[1])
+        return placed
 
     def stop(self) -> None:
         if self.operator is not None:

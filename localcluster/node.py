@@ -90,6 +90,10 @@ def _private_dir(path: Path) -> None:
         subprocess.run(["mount", "--make-private", str(path)], check=True)
 
 
+# Per log file, the bytes read so far and a record split over reads (CRI's "P" parts).
+LogsRead = dict[str, tuple[int, str]]
+
+
 @dataclass
 class NodeBins:
     """Where the binaries are: the Kubernetes ones and the node's own (hack/build-node.sh)."""
@@ -309,6 +313,27 @@ class RealNode:
                 parts = line.split(" ", 3)
                 if len(parts) == 4:
                     out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+        return "".join(out)
+
+    def pod_log_since(self, ns: str, name: str, uid: str, read: LogsRead) -> str:
+        """What the pod's containers printed since `read` was last given here (the bytes each
+        file had then): a poller's cost grows with what is new, not with the whole log."""
+        out: list[str] = []
+        for path in sorted(self.pod_log_dir(ns, name, uid).glob("*/*.log")):
+            at, partial = read.get(str(path), (0, ""))
+            with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+                f.seek(at)
+                chunk = f.read()
+                end = chunk.rfind(b"\n") + 1  # whole records only: the rest is read next time
+                for line in chunk[:end].decode(errors="replace").splitlines():
+                    parts = line.split(" ", 3)
+                    if len(parts) < 4:
+                        continue
+                    partial += parts[3]
+                    if parts[2] != "P":
+                        out.append(partial + "\n")
+                        partial = ""
+                read[str(path)] = (at + end, partial)
         return "".join(out)
 
     @staticmethod

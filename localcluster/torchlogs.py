@@ -7,6 +7,7 @@ import re
 import threading
 from dataclasses import dataclass
 
+from localcluster.node import LogsRead
 from localcluster.world import World, wait_for
 
 SAMPLE = 0.3  # seconds between reads of the workers' logs
@@ -35,7 +36,7 @@ def _when(line: str) -> float:
 class Logbook:
     """Every line rank 0 printed, kept across reads: a worker's log goes with its pod (rank 0
     may be the one a ScaleIn takes), so the logs are read every SAMPLE seconds all along the
-    test (in a thread), each read adding what the live workers say then."""
+    test (in a thread), each read adding what the live workers printed since the last."""
 
     def __init__(self, cluster: World, ns: str, job: str) -> None:
         self.cluster, self.ns, self.job = cluster, ns, job
@@ -44,6 +45,7 @@ class Logbook:
         self.ends: set[str] = set()
         self.tails: dict[str, str] = {}  # each worker's last words, kept when its pod goes
         self.told: dict[str, list[str]] = {}  # each worker's telling lines (World.TELLING)
+        self.logs: dict[str, LogsRead] = {}  # how far each worker's log files were read
         self.lock = threading.Lock()
         self.reads, self.failed = 0, ""
         self.done = threading.Event()
@@ -65,17 +67,21 @@ class Logbook:
     def _read(self) -> Seen:
         # A deleted worker prints on while its preStop takes it out of the rendezvous.
         for pod in self.cluster.pods(self.ns, self.job, "worker", live=False):
-            text = self.cluster.pod_log(self.ns, pod)
-            lines = [x for x in text.splitlines() if not x.startswith(NOISE)]
-            self.tails[pod] = "\n".join(lines)[-TAIL:] if text else self.tails.get(pod, "")
-            told = [x for x in lines if any(t in x for t in World.TELLING)]
-            self.told[pod] = told if len(told) >= len(self.told.get(pod, [])) else self.told[pod]
-            found = START.findall(text)
-            self.starts |= {(pod, i, int(a), int(b)) for i, (a, b) in enumerate(found)}
-            self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
-            self.ends |= set(ENDS.findall(text))
+            self._add(pod, self.cluster.pod_log_since(self.ns, pod, self.logs.setdefault(pod, {})))
         starts = [(a, b) for _, _, a, b in sorted(self.starts)]
         return Seen(starts, sorted(self.steps, key=lambda x: x[3]))
+
+    def _add(self, pod: str, text: str) -> None:
+        lines = [x for x in text.splitlines() if not x.startswith(NOISE)]
+        if lines:
+            kept, new = self.tails.get(pod), "\n".join(lines)
+            self.tails[pod] = (f"{kept}\n{new}" if kept else new)[-TAIL:]
+        self.told.setdefault(pod, []).extend(x for x in lines if any(t in x for t in World.TELLING))
+        known = sum(1 for p, *_ in self.starts if p == pod)
+        found = START.findall(text)
+        self.starts |= {(pod, known + i, int(a), int(b)) for i, (a, b) in enumerate(found)}
+        self.steps |= {(int(a), int(b), int(c), float(d)) for a, b, c, d in STEP.findall(text)}
+        self.ends |= set(ENDS.findall(text))
 
     def said(self) -> str:
         """Every worker's last lines as last read, the deleted ones' too: what a failed test

@@ -23,6 +23,7 @@ from localcluster import runnotes
 from localcluster.cluster import DeployedOperator, LocalCluster
 from localcluster.controlplane import ControlPlane
 from localcluster.hollow import HollowNodes
+from localcluster.node import LogsRead
 from localcluster.operatorproc import OperatorProcess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,6 +217,10 @@ class World:
     def pod_log(self, ns: str, name: str) -> str:
         """What the pod's container printed so far (real nodes: read from the node's files)."""
         return self.local.pod_log(ns, name)
+
+    def pod_log_since(self, ns: str, name: str, read: LogsRead) -> str:
+        """What the pod printed since `read` was last given for it (a poller's read)."""
+        return self.local.pod_log_since(ns, name, read)
 
     def exec(
         self, ns: str, pod: str, *argv: str, input: str | None = None, check: bool = True

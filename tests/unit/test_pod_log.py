@@ -18,3 +18,28 @@ def test_a_log_file_removed_while_read_is_left_out(tmp_path: Path) -> None:
     (pod / "worker" / "0.log").write_text("2026-11-30T10:00:00Z stdout F step 1\n")
     (pod / "worker" / "1.log").symlink_to(pod / "worker" / "gone.log")
     assert node.pod_log("ns", "w", "uid") == "step 1\n"
+
+
+def test_a_poller_reads_each_record_once_and_whole(tmp_path: Path) -> None:
+    """A poller's reads (the Torchrun tests' logbook, every 0.3 s): each returns only what was
+    written since the last, whole records only (a line the kubelet was still writing, or a
+    long line split into CRI's partial records, comes whole at the next read), and a file
+    removed meanwhile (the pod deleted) costs nothing read before."""
+    node = RealNode("node-1", 1, cast(Any, None), cast(Any, None), cast(Any, None), tmp_path, "")
+    pod = node.pod_log_dir("ns", "w", "uid")
+    (pod / "worker").mkdir(parents=True)
+    log = pod / "worker" / "0.log"
+    read: dict[str, tuple[int, str]] = {}
+    log.write_text("T stdout F STEP 1\nT stdout P STEP ")
+    assert node.pod_log_since("ns", "w", "uid", read) == "STEP 1\n"
+    with log.open("a") as f:
+        f.write("2 first\nT stdout F  part two\nT stderr F warn")
+    assert node.pod_log_since("ns", "w", "uid", read) == "STEP 2 first part two\n"
+    assert node.pod_log_since("ns", "w", "uid", read) == ""
+    with log.open("a") as f:
+        f.write("ing\n")
+    assert node.pod_log_since("ns", "w", "uid", read) == "warning\n"
+    # the whole log, as pod_log reads it, is what the reads gave together
+    assert node.pod_log("ns", "w", "uid") == "STEP 1\nSTEP 2 first part two\nwarning\n"
+    log.unlink()
+    assert node.pod_log_since("ns", "w", "uid", read) == ""
