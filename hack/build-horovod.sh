@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds Horovod 0.28.1 (CPU, Gloo, no MPI) for torch 2.13.0 and caches the wheel.
 #
-# Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, and turns
-# CUDA on whenever nvcc is found; both are patched here. Five behaviours are changed:
+# Horovod's last release asks CMake for C++14 while torch 2.13's headers need C++20, turns CUDA
+# on whenever nvcc is found, and compiles debug information (-g) into its library; the three are
+# patched here. Five behaviours are changed:
 # - once a Gloo context is connected, its operations wait HOROVOD_GLOO_OP_TIMEOUT_SECONDS
 #   (default 5) for a peer instead of the rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS, 30):
 #   when a worker dies, the ranks waiting on a survivor that stopped answering fail within
@@ -57,6 +58,10 @@ src="$work/horovod-$VERSION"
 sed -i 's/^set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/CMakeLists.txt"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 20)/' "$src/horovod/torch/CMakeLists.txt"
 grep -q 'CMAKE_CXX_STANDARD 20' "$src/horovod/torch/CMakeLists.txt"
+# No debug information: upstream builds RelWithDebInfo (-O3 -g); -g over torch's headers was a
+# sixth of the compile's CPU (242 -> 204 s here) and 62 of the library's 64 MB.
+sed -i '/^string(REPLACE "-O2" "-O3" CMAKE_CXX_FLAGS_RELWITHDEBINFO/a string(REPLACE "-g" "" CMAKE_C_FLAGS_RELWITHDEBINFO "${CMAKE_C_FLAGS_RELWITHDEBINFO}")\nstring(REPLACE "-g" "" CMAKE_CXX_FLAGS_RELWITHDEBINFO "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")' "$src/CMakeLists.txt"
+grep -q 'REPLACE "-g" "" CMAKE_CXX_FLAGS_RELWITHDEBINFO' "$src/CMakeLists.txt"
 
 # Operations after the rendezvous: their own, shorter timeout.
 "$PY" - "$src/horovod/common/gloo/gloo_context.cc" <<'PATCH'
