@@ -12,7 +12,9 @@
 #
 # Usage: hack/build-images.sh NODE_BIN   Prints the archive directory on its last line.
 # With NODE_BIN empty, every image but the pause image (set-up builds them beside the Go builds,
-# before the node binaries are there); `current` is written only with it.
+# before the node binaries are there); `current` is written only with it. With NODE_BIN
+# `--base`, the base and operator images only (set-up builds them beside the virtualenv: they
+# need nothing of it).
 set -euo pipefail
 shopt -s inherit_errexit  # a failed build inside $(...) fails the script
 cd "$(dirname "$0")/.."
@@ -85,6 +87,21 @@ base_hash=$(printf '%s\n' "$SUITE" "$MIRROR" "$(declare -f build_base)" | cat - 
 base_tar=$(archive "$base_ref" "$base_ref" "$base_hash" build_base)
 buildah inspect "$base_ref" >/dev/null 2>&1 || buildah pull --quiet "docker-archive:$base_tar" >/dev/null
 
+bud() {  # REF DOCKERFILE: a shipped Dockerfile, built on our base
+    say "building $1 from $2"
+    "${BUD[@]}" --build-arg "BASE=$base_ref" -f "$2" -t "$1" . >&2
+}
+# Named as the examples and deploy/ name them (docker.io/ is what a bare name means).
+operator_ref=localhost/etoperator/operator:0.1.0
+operator_hash=$(hash_of deploy/Dockerfile "$pins" pyproject.toml README.md etoperator \
+    | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)
+operator_tar=$(archive "$operator_ref" docker.io/etoperator/operator:0.1.0 "$operator_hash" bud "$operator_ref" deploy/Dockerfile)
+if [ "$NODE_BIN" = --base ]; then
+    say "the base and operator images ready"
+    echo "$OUT"
+    exit 0
+fi
+
 pause_ref=localhost/etoperator/pause:local
 build_pause() {
     local c; c=$(buildah from scratch)
@@ -96,10 +113,6 @@ build_pause() {
 pause_tar=
 [ -z "$NODE_BIN" ] || pause_tar=$(archive "$pause_ref" "$pause_ref" "$(hash_of "$NODE_BIN/pause")" build_pause)
 
-bud() {  # REF DOCKERFILE: a shipped Dockerfile, built on our base
-    say "building $1 from $2"
-    "${BUD[@]}" --build-arg "BASE=$base_ref" -f "$2" -t "$1" . >&2
-}
 # Horovod is compiled once on this machine: the virtualenv's wheel (same script, same torch)
 # goes where the training image's build looks for it, the directory of its cache mount
 # (/root/.cache/etoperator) under buildah's cache root, when this host is the base's Debian
@@ -120,15 +133,9 @@ seed_horovod() {
     done
 }
 seed_horovod
-# Named as the examples and deploy/ name them (docker.io/ is what a bare name means).
 train_ref=localhost/etoperator/train:latest
 train_hash=$(hash_of examples/Dockerfile.train examples/*.py examples/torchrun/*.py examples/image hack/build-horovod.sh "$pins" | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)
 train_tar=$(archive "$train_ref" docker.io/etoperator/train:latest "$train_hash" bud "$train_ref" examples/Dockerfile.train)
-
-operator_ref=localhost/etoperator/operator:0.1.0
-operator_hash=$(hash_of deploy/Dockerfile "$pins" pyproject.toml README.md etoperator \
-    | cat - <(echo "$base_hash") | sha256sum | cut -c1-12)
-operator_tar=$(archive "$operator_ref" docker.io/etoperator/operator:0.1.0 "$operator_hash" bud "$operator_ref" deploy/Dockerfile)
 
 # What the node imports: one archive per line, then the directory.
 if [ -n "$pause_tar" ]; then
