@@ -40,6 +40,13 @@ if [ -d "$mount" ]; then
     rm -rf "$mount"
     gone+=("$mount")
 fi
+# Go's caches of a set-up killed midway, kept in memory (hack/setup.sh).
+for d in /dev/shm/etoperator-go /dev/shm/etoperator-go.gone.*; do
+    [ -d "$d" ] || continue
+    chmod -R u+w "$d" 2>/dev/null || true
+    rm -rf "$d"
+    gone+=("$d")
+done
 if [ -L .venv ]; then
     rm -f .venv
     gone+=(".venv")
