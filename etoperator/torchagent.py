@@ -8,21 +8,29 @@ ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differe
 - it holds where it stands at HOLD, which the worker's leave (leave.py) sends: as its
   container's first process it gets no SIGSTOP sent from inside. A thread of it asks the
   launcher to take its node out when the leave hands it the ask (torch is loaded here, the
-  hook's own Python would import it). docs/torchrun.md.
+  hook's own Python would import it);
+- it ends within seconds of a SIGTERM though its main thread is held in a call to the store
+  (a launcher gone in a whole stop), where a Python handler would wait for the call's timeout
+  and its pod for the kubelet's SIGKILL. docs/torchrun.md.
 
 Not imported by the operator."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from typing import Any
 
 HOLD = signal.SIGUSR2  # SIGUSR1 is a common preemption signal
+HANDLED_WITHIN = 5.0  # s for the main thread to run its SIGTERM handler, then the watch ends it
+WORKERS_END_WITHIN = 10.0  # s for the workers to end at the watch's SIGTERM (within 30 s)
+handled = threading.Event()  # a SIGTERM handler of the main thread ran
 
 
 LEAVE = "leave.py"  # the leave's side, beside this file
@@ -37,6 +45,7 @@ def hold(_signum: int, _frame: object) -> None:
 def ended(signum: int, _frame: object) -> None:
     """SIGTERM before torch's agent set its own handler (it does once workers start): as its
     container's first process the agent would ignore it and hold its pod to the SIGKILL."""
+    handled.set()
     try:
         from torch.distributed.elastic.multiprocessing import SignalException
     except ImportError:  # torch still loading
@@ -52,9 +61,11 @@ AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--n
 def agent(argv: list[str]) -> int:
     signal.signal(HOLD, hold)  # first: a leave may come while torch loads
     signal.signal(signal.SIGTERM, ended)
+    watch_sigterm()
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    flag_torch_handler()
     watcher = sibling().answer_leaves  # asks for the leave, torch loaded
     threading.Thread(target=watcher, name="etoperator-leave", daemon=True).start()
 
@@ -65,6 +76,80 @@ def agent(argv: list[str]) -> int:
         fork_workers(args)
     record(run.run)(args)
     return 0
+
+
+def watch_sigterm() -> None:
+    """A thread that sees SIGTERM as it comes (the wakeup fd), where a handler runs only once
+    the main thread is back from a call in C."""
+    read, write = socket.socketpair()
+    write.setblocking(False)
+    signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+    threading.Thread(target=ending, args=(read, write), name="etoperator-sigterm",
+                     daemon=True).start()  # fmt: skip
+
+
+def ending(read: socket.socket, _write: socket.socket) -> None:  # _write: kept open
+    while signal.SIGTERM not in read.recv(64):
+        pass
+    if handled.wait(HANDLED_WITHIN):
+        return  # torch's handler stops the workers and ends the agent
+    print(f"agent: no SIGTERM handler ran within {HANDLED_WITHIN:.0f} s (the main thread held "
+          "in a call): the workers end and the agent with them", flush=True)  # fmt: skip
+    ours = [pid for pid in descendants(os.getpid()) if not ignores_sigterm(pid)]
+    for pid in ours:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + WORKERS_END_WITHIN
+    while time.monotonic() < deadline and any(alive(pid) for pid in ours):
+        time.sleep(0.1)
+    os._exit(128 + signal.SIGTERM)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process under `root` (the forkserver and the workers it forked)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{entry}/stat") as f:
+            parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])  # after the name
+    found, todo = list[int](), [root]
+    while todo:
+        parent = todo.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        todo += children
+    return found
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """Not to be waited for (multiprocessing's resource tracker: it ends with its users)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line.split()[1] for line in f if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return True
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def alive(pid: int) -> bool:
+    """Not ended and not a zombie (a worker's parent, the forkserver, reaps it late or never)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def flag_torch_handler() -> None:
+    """torch's agent sets its own SIGTERM handler as its workers start: it flags `handled`."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    terminate = api._terminate_process_handler
+
+    def flagged(signum: int, frame: Any) -> None:
+        handled.set()
+        terminate(signum, frame)
+
+    api._terminate_process_handler = flagged
 
 
 def sibling() -> Any:
