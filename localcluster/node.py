@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +91,11 @@ def _private_dir(path: Path) -> None:
 
 # Per log file, the bytes read so far and a record split over reads (CRI's "P" parts).
 LogsRead = dict[str, tuple[int, str]]
+
+
+def runs(path: Path) -> tuple[str, int, str]:
+    """A container's log files (`name/RESTARTS.log`) in the order of its runs: 2 before 10."""
+    return path.parent.name, len(path.stem), path.stem
 
 
 @dataclass
@@ -305,21 +309,18 @@ class RealNode:
         return self.dir / "pod-logs" / f"{ns}_{name}_{uid}"
 
     def pod_log(self, ns: str, name: str, uid: str) -> str:
-        """What the pod's first container printed (all its runs), read from the kubelet's log
-        files (CRI format: time, stream, tag, text) as `kubectl logs` would show it."""
-        out: list[str] = []
-        for _, _, text in sorted(self._log_files(self.pod_log_dir(ns, name, uid))):
-            for line in text.splitlines():
-                parts = line.split(" ", 3)
-                if len(parts) == 4:
-                    out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
-        return "".join(out)
+        """What the pod's containers printed (all their runs), read from the kubelet's log
+        files (CRI format: time, stream, tag, text) as `kubectl logs` would show it; a line
+        still being written is left out, a long one's parts read so far are not."""
+        read: LogsRead = {}
+        text = self.pod_log_since(ns, name, uid, read)
+        return text + "".join(partial for _, partial in read.values())
 
     def pod_log_since(self, ns: str, name: str, uid: str, read: LogsRead) -> str:
         """What the pod's containers printed since `read` was last given here (the bytes each
         file had then): a poller's cost grows with what is new, not with the whole log."""
         out: list[str] = []
-        for path in sorted(self.pod_log_dir(ns, name, uid).glob("*/*.log")):
+        for path in sorted(self.pod_log_dir(ns, name, uid).glob("*/*.log"), key=runs):
             at, partial = read.get(str(path), (0, ""))
             with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
                 f.seek(at)
@@ -335,14 +336,6 @@ class RealNode:
                         partial = ""
                 read[str(path)] = (at + end, partial)
         return "".join(out)
-
-    @staticmethod
-    def _log_files(pod_dir: Path) -> Iterator[tuple[str, float, str]]:
-        """Each log file's container, time and text; one the kubelet removes meanwhile (its
-        pod deleted) is left out."""
-        for path in pod_dir.glob("*/*.log"):
-            with contextlib.suppress(FileNotFoundError), path.open(errors="replace") as f:
-                yield path.parent.name, os.fstat(f.fileno()).st_mtime, f.read()
 
     def pod_cgroups(self, uid: str) -> list[Path]:
         """The cgroup directories (pids controller) of a pod's containers."""

@@ -43,3 +43,16 @@ def test_a_poller_reads_each_record_once_and_whole(tmp_path: Path) -> None:
     assert node.pod_log("ns", "w", "uid") == "STEP 1\nSTEP 2 first part two\nwarning\n"
     log.unlink()
     assert node.pod_log_since("ns", "w", "uid", read) == ""
+
+
+def test_a_container_s_runs_read_in_their_order(tmp_path: Path) -> None:
+    """A container restarted ten times: its eleventh run's log (10.log) comes after its third's
+    (2.log), as `kubectl logs` tells them; a long line's parts read so far end the log."""
+    node = RealNode("node-1", 1, cast(Any, None), cast(Any, None), cast(Any, None), tmp_path, "")
+    pod = node.pod_log_dir("ns", "w", "uid")
+    (pod / "worker").mkdir(parents=True)
+    for run in range(11):
+        (pod / "worker" / f"{run}.log").write_text(f"T stdout F run {run}\n")
+    (pod / "worker" / "10.log").write_text("T stdout F run 10\nT stdout P saving\n")
+    runs = [f"run {run}\n" for run in range(11)]
+    assert node.pod_log("ns", "w", "uid") == "".join(runs) + "saving"
