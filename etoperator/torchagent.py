@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import multiprocessing.util
 import os
 import signal
 import socket
@@ -102,6 +103,8 @@ def ending(read: socket.socket, _write: socket.socket) -> None:  # _write: kept 
     deadline = time.monotonic() + WORKERS_END_WITHIN
     while time.monotonic() < deadline and any(alive(pid) for pid in ours):
         time.sleep(0.1)
+    with contextlib.suppress(Exception):  # what exit would: the workers' queues' semaphores
+        getattr(multiprocessing.util, "_run_finalizers")(0)  # named in /dev/shm, unlinked
     os._exit(128 + signal.SIGTERM)
 
 

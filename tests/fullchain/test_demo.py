@@ -85,6 +85,18 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
     }
 
 
+def assert_as_found(before: dict[str, object], theirs: set[int]) -> None:
+    """This machine as `before` (but for clusters of `theirs`); a failure names what differs
+    (a mount among a hundred, once under the suite's load)."""
+    now, was = others(host_state(), theirs), others(before, theirs)
+    differs = {
+        k: {"added": sorted(set(map(str, v)) - set(map(str, was[k]))),  # type: ignore[call-overload]
+            "gone": sorted(set(map(str, was[k])) - set(map(str, v)))}  # type: ignore[call-overload]
+        for k, v in now.items() if v != was[k]
+    }  # fmt: skip
+    assert not differs, differs
+
+
 def held_slots() -> set[int]:
     """The slots other clusters hold now (a demo of the user's, another test run)."""
     return set(range(SLOTS)) - set(free_slots())
@@ -166,7 +178,7 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
     assert processes_mentioning(str(state)) == []
     assert not state.exists()
     theirs |= held_slots()  # a cluster of the suite's other tiers may have started meanwhile
-    assert others(host_state(), theirs) == others(before, theirs)
+    assert_as_found(before, theirs)
 
 
 def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> None:
@@ -189,7 +201,7 @@ def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> Non
     assert down.returncode == 0 and "no demo is running" in down.stdout, down.stdout
     assert "cleared what" in down.stdout, down.stdout
     theirs |= held_slots()
-    assert others(host_state(), theirs) == others(before, theirs)
+    assert_as_found(before, theirs)
     assert processes_mentioning(str(state)) == []
 
 

@@ -133,7 +133,12 @@ def world(tmp_path: Path) -> Iterator[tuple[int, Path, list[subprocess.Popen[str
         Stream(serve).wait_for("serving on port")
         yield port, tmp_path, procs
     finally:
+        for proc in procs:  # SIGTERM first: an agent killed outright leaves its semaphores
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # in /dev/shm
+                os.killpg(proc.pid, signal.SIGTERM)  # (unshare ignores it, its agent not)
         for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the agents' sessions, whole
             proc.kill()
