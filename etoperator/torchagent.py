@@ -103,8 +103,8 @@ def ending(read: socket.socket, _write: socket.socket) -> None:  # _write: kept 
     deadline = time.monotonic() + WORKERS_END_WITHIN
     while time.monotonic() < deadline and any(alive(pid) for pid in ours):
         time.sleep(0.1)
-    with contextlib.suppress(Exception):  # what exit would: the workers' queues' semaphores
-        getattr(multiprocessing.util, "_run_finalizers")(0)  # named in /dev/shm, unlinked
+    with contextlib.suppress(Exception):  # as exit would: the semaphores named in /dev/shm
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
     os._exit(128 + signal.SIGTERM)
 
 
