@@ -87,8 +87,11 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
 
 def assert_as_found(before: dict[str, object], theirs: set[int]) -> None:
     """This machine as `before` (but for clusters of `theirs`); a failure names what differs
-    (a mount among a hundred, once under the suite's load)."""
-    now, was = others(host_state(), theirs), others(before, theirs)
+    (a mount among a hundred, once under the suite's load). The slots held are read after
+    the state too: a cluster starting meanwhile holds its slot before it mounts anything."""
+    state = host_state()
+    theirs = theirs | held_slots()
+    now, was = others(state, theirs), others(before, theirs)
     differs = {
         k: {"added": sorted(set(map(str, v)) - set(map(str, was[k]))),  # type: ignore[call-overload]
             "gone": sorted(set(map(str, was[k])) - set(map(str, v)))}  # type: ignore[call-overload]
