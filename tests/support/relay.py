@@ -1,5 +1,7 @@
 """A TCP relay to the apiserver that a test can cut (open connections closed, new ones refused)
-and restore: an apiserver outage as a client in a pod sees it, TLS passing through untouched."""
+and restore: an apiserver outage as a client in a pod sees it, TLS passing through untouched.
+Or silence: connections stay open and nothing passes (a peer deleted under them, whose
+address no longer answers)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ class Relay:
         self._server: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.silent = threading.Event()  # set: nothing passes, no connection is refused
+        self.held = threading.Event()  # something was sent while silent
 
     def restore(self) -> Relay:
         """Listen (again, on the same port once it has one)."""
@@ -56,11 +60,13 @@ class Relay:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if self.silent.is_set():
+                    self.held.set()  # a call waits for an answer that never comes
+                else:
+                    dst.sendall(data)
         except OSError:
             pass
         with contextlib.suppress(OSError):

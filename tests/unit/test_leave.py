@@ -24,6 +24,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
 from etoperator import leave as hook_side
 from etoperator import rendezvous, torchagent
+from tests.support.relay import Relay
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("unshare") or not shutil.which("nsenter") or os.geteuid() != 0,
@@ -388,51 +389,6 @@ def test_a_leave_in_a_whole_stop_waits_for_the_save(
     leaving.proc.wait(timeout=15)
 
 
-class Relay:
-    """A TCP relay to the launcher's store that can go silent: its connections stay open and
-    nothing passes (a launcher deleted under them: its address no longer answers)."""
-
-    def __init__(self, port: int) -> None:
-        self.target, self.silent, self.held = port, threading.Event(), threading.Event()
-        self.server, self.conns = socket.socket(), list[socket.socket]()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(64)
-        self.port = int(self.server.getsockname()[1])
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.conns.append(client)
-            if self.silent.is_set():
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.conns.append(upstream)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        while data := self._recv(src):
-            if self.silent.is_set():
-                self.held.set()  # a call waits for an answer that never comes
-                continue
-            dst.sendall(data)
-
-    @staticmethod
-    def _recv(sock: socket.socket) -> bytes:
-        try:
-            return sock.recv(65536)
-        except OSError:
-            return b""
-
-    def close(self) -> None:
-        for sock in (self.server, *self.conns):
-            sock.close()
-
-
 def test_an_agent_held_in_a_call_to_a_gone_launcher_ends_at_sigterm(
     world: tuple[int, Path, list[subprocess.Popen[str]]],
 ) -> None:
@@ -442,7 +398,7 @@ def test_an_agent_held_in_a_call_to_a_gone_launcher_ends_at_sigterm(
     seconds, its worker stopped as a SIGTERM stops it."""
     port, tmp_path, procs = world
     (tmp_path / "discover").write_text("#!/bin/sh\necho a\n")  # one host: its round closes
-    relay = Relay(port)
+    relay = Relay(port).restore()
     try:
         agent = start_agent(tmp_path, relay.port, "127.0.0.2", first=True)
         procs.append(agent.proc)
@@ -457,4 +413,4 @@ def test_an_agent_held_in_a_call_to_a_gone_launcher_ends_at_sigterm(
         assert took < 12, f"the agent ended {took:.1f} s after its SIGTERM: {agent.lines[-12:]}"
         assert "worker stopped" in agent.lines, agent.lines[-10:]
     finally:
-        relay.close()
+        relay.cut()
