@@ -143,13 +143,15 @@ def alive(pid: int) -> bool:
 
 
 def flag_torch_handler() -> None:
-    """torch's agent sets its own SIGTERM handler as its workers start: it flags `handled`."""
+    """torch's agent sets its own handler of SIGTERM (and SIGINT, SIGHUP, SIGQUIT) as its
+    workers start: it flags `handled` at a SIGTERM."""
     from torch.distributed.elastic.multiprocessing import api
 
     terminate = api._terminate_process_handler
 
     def flagged(signum: int, frame: Any) -> None:
-        handled.set()
+        if signum == signal.SIGTERM:
+            handled.set()
         terminate(signum, frame)
 
     api._terminate_process_handler = flagged
