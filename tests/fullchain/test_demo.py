@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -86,18 +87,24 @@ def others(state: dict[str, object], slots: set[int]) -> dict[str, object]:
 
 
 def assert_as_found(before: dict[str, object], theirs: set[int]) -> None:
-    """This machine as `before` (but for clusters of `theirs`); a failure names what differs
-    (a mount among a hundred, once under the suite's load). The slots held are read after
-    the state too: a cluster starting meanwhile holds its slot before it mounts anything."""
-    state = host_state()
+    """This machine as `before` (but for clusters of `theirs` or holding a slot now); a failure
+    names what differs (a mount among a hundred, once under the suite's load). The slots held
+    are read on both sides of the state: a cluster starting holds its slot before it mounts
+    anything, one stopping holds it until it unmounted everything."""
     theirs = theirs | held_slots()
+    state = host_state()
+    theirs |= held_slots()
     now, was = others(state, theirs), others(before, theirs)
     differs = {
-        k: {"added": sorted(set(map(str, v)) - set(map(str, was[k]))),  # type: ignore[call-overload]
-            "gone": sorted(set(map(str, was[k])) - set(map(str, v)))}  # type: ignore[call-overload]
-        for k, v in now.items() if v != was[k]
-    }  # fmt: skip
+        k: {"added": sorted(listed(v) - listed(was[k])), "gone": sorted(listed(was[k]) - listed(v))}
+        for k, v in now.items()
+        if v != was[k]
+    }
     assert not differs, differs
+
+
+def listed(items: object) -> set[str]:
+    return {str(x) for x in cast(list[object], items)}
 
 
 def held_slots() -> set[int]:
@@ -180,8 +187,7 @@ def test_demo_tour_end_to_end_then_demo_down(tmp_path: Path) -> None:
     # Nothing left behind: no process, no state directory, this machine as it was.
     assert processes_mentioning(str(state)) == []
     assert not state.exists()
-    theirs |= held_slots()  # a cluster of the suite's other tiers may have started meanwhile
-    assert_as_found(before, theirs)
+    assert_as_found(before, theirs)  # a cluster of the suite's other tiers may run meanwhile
 
 
 def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> None:
@@ -203,7 +209,6 @@ def test_a_killed_demo_leaves_nothing_once_demo_down_runs(tmp_path: Path) -> Non
     down = demo_down(state)
     assert down.returncode == 0 and "no demo is running" in down.stdout, down.stdout
     assert "cleared what" in down.stdout, down.stdout
-    theirs |= held_slots()
     assert_as_found(before, theirs)
     assert processes_mentioning(str(state)) == []
 
