@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import ssl
 import subprocess
 import urllib.request
@@ -264,12 +263,8 @@ class ControlPlane:
         """One component (e.g. "kube-controller-manager") stopped, not ended, meanwhile: what
         it keeps up to date lags (no EndpointSlice for a new Service, so cluster DNS does not
         know its name), as after an apiserver restart or on a loaded control plane."""
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGSTOP)
-        try:
+        with procs.paused(self.procs[name]):
             yield
-        finally:
-            proc.send_signal(signal.SIGCONT)
 
     def _ready(self) -> bool:
         # /readyz is open to unauthenticated users (system:public-info-viewer).

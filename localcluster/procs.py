@@ -149,6 +149,17 @@ def stop(proc: Process | None, grace: float = 10.0) -> None:
         proc.wait()
 
 
+@contextlib.contextmanager
+def paused(proc: Process) -> Iterator[None]:
+    """`proc` stopped, not ended, meanwhile (SIGSTOP, then SIGCONT): what it keeps up to date
+    lags, as a loaded or hung daemon's does."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
 def built(script: Path, *args: str) -> Path:
     """Run one of hack/'s build scripts (each builds once and caches) and return the path it
     prints on its last line."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from etoperator import kube
+from localcluster import procs
 from localcluster.cluster import LocalCluster
 from localcluster.controlplane import ControlPlane
 from localcluster.manifests import EXIT_FILE, GATE_PID, REFUSED_KEYS
@@ -123,6 +124,12 @@ class Cluster(World):
     def node_names(self) -> list[str]:
         assert self.local.real is not None
         return [n.name for n in self.local.real.nodes]
+
+    def paused_kubelet(self, node: str) -> AbstractContextManager[None]:
+        """Node `node`'s kubelet stopped meanwhile: its pods run on and nothing is done to
+        them (no preStop, no delete carried out), as on a loaded or hung node."""
+        assert self.local.real is not None
+        return procs.paused(self.local.real.node_of(node).procs["kubelet"])
 
     def hold(self) -> None:
         """Every node cordoned: pods made from now on stay Pending, those running run on."""
