@@ -1,5 +1,5 @@
 """A torchrun job's worker: torchrun's own parser, launch and agent, run from the job's
-ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differences:
+ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with these differences:
 
 - its worker processes fork from a forkserver that imported torch once (the script run as
   `python script.py` runs it): a restart at a membership change then costs no new Python and
@@ -9,6 +9,7 @@ ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with two differe
   container's first process it gets no SIGSTOP sent from inside. A thread of it asks the
   launcher to take its node out when the leave hands it the ask (torch is loaded here, the
   hook's own Python would import it);
+- a waiting agent looks at its forming round every LOOK_EVERY seconds, not every second;
 - it ends within seconds of a SIGTERM though its main thread is held in a call to the store
   (a launcher gone in a whole stop), where a Python handler would wait for the call's timeout
   and its pod for the kubelet's SIGKILL. docs/torchrun.md.
@@ -29,6 +30,10 @@ import time
 from typing import Any
 
 HOLD = signal.SIGUSR2  # SIGUSR1 is a common preemption signal
+# Seconds between a waiting agent's looks at its forming round (torch: 1). The launcher closes
+# a round the moment it holds the host list; each agent saw that up to a second later, at
+# every membership change. A look is one read of the round's state from the launcher's store.
+LOOK_EVERY = 0.2
 HANDLED_WITHIN = 5.0  # s for the main thread to run its SIGTERM handler, then the watch ends it
 WORKERS_END_WITHIN = 10.0  # s for the workers to end at the watch's SIGTERM (within 30 s)
 handled = threading.Event()  # a SIGTERM handler of the main thread ran
@@ -54,7 +59,10 @@ def ended(signum: int, _frame: object) -> None:
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
 
 
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy")
+# torch._dynamo: any optimizer's construction imports it (1.1-1.7 s here); imported in each
+# worker it was most of a restart after the round formed (every rank joined, DDP ready 1.7 s
+# later), at every membership change.
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "numpy")
 AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--no-python",
             "--no_python", "-m", "--module")  # fmt: skip
 
@@ -67,6 +75,7 @@ def agent(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     flag_torch_handler()
+    look_often()
     watcher = sibling().answer_leaves  # asks for the leave, torch loaded
     threading.Thread(target=watcher, name="etoperator-leave", daemon=True).start()
 
@@ -155,6 +164,18 @@ def flag_torch_handler() -> None:
         terminate(signum, frame)
 
     api._terminate_process_handler = flagged
+
+
+def look_often() -> None:
+    """torch's rendezvous waits a second between looks at a round it waits on (its only
+    delay of one second); LOOK_EVERY instead."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+    from torch.distributed.elastic.rendezvous.utils import _delay
+
+    def shorter(seconds: float | tuple[float, float]) -> None:
+        _delay(LOOK_EVERY if seconds == 1 else seconds)
+
+    rdzv._delay = shorter  # type: ignore[attr-defined]  # the name it calls
 
 
 def sibling() -> Any:

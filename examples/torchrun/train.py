@@ -106,6 +106,10 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--checkpoints", default=os.environ.get("CHECKPOINT_DIR", "/checkpoints"))
     args = p.parse_args()
+    # One thread: a model this small gains nothing from more, and each further OpenMP
+    # thread spins between steps (a 1-process worker: about 15 % of a core more per rank).
+    # torchrun sets OMP_NUM_THREADS=1 only for more than one process per node.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     # Every rank says where it is (its own pod's log): a run that hangs shows who never came.
