@@ -30,6 +30,7 @@ LEAVE_WAIT = 10.0  # seconds a leaving worker waits for the launcher before goin
 HANDED = 5.0  # seconds the hook waits for its agent's own ask before it asks too
 HOLD = signal.SIGUSR2  # our agent holds at it (torchagent.HOLD)
 AGENT = "torchagent.py"  # our agent, beside this file
+STOPS = "nothing to leave: the whole run stops (its save handshake goes on)"
 
 
 def sibling(name: str) -> Any:
@@ -102,8 +103,8 @@ def leave(request: str = "-", report: str = "-") -> int:
     try:  # a whole stop: the launcher's save request, seen here, ends the leave at once
         said = bounded(ask, LEAVE_WAIT + 10, partial(rdzv.stops, request, begun))
         say(f"leave: {said} after {time.monotonic() - start:.1f} s")
-        if report != "-" and rdzv.stops(request, begun):
-            say(f"leave: {saved(request, report)} after {time.monotonic() - start:.1f} s")
+        if report != "-" and (said.startswith(STOPS) or rdzv.stops(request, begun)):
+            say(f"leave: {saved(request, report, begun)} after {time.monotonic() - start:.1f} s")
     except Exception as failed:  # the launcher not answering: the agent still ends
         say(f"leave: the launcher did not answer ({type(failed).__name__}: {failed})")
         return 1
@@ -113,11 +114,17 @@ def leave(request: str = "-", report: str = "-") -> int:
     return 0
 
 
-def saved(request: str, report: str) -> str:
+def saved(request: str, report: str, begun: float) -> str:
     """A whole stop: rank 0 saves at the end of the step it is in (the request seen) and
     reports. The kubelet's SIGTERM, once this returns, cuts the training mid-step instead,
     its peers perhaps gone already: the stop saved nothing (lost steps in CI). So this waits
-    for the report, at most SAVE_WAIT s from the ask (the launcher's hook waits as long)."""
+    for the request (the launcher, told its pod is being deleted, holds leaves before its
+    preStop asks) and the report, at most SAVE_WAIT s each (the launcher's hook waits as long)."""
+    deadline = time.monotonic() + SAVE_WAIT
+    while not rdzv.stops(request, begun):
+        if time.monotonic() > deadline:
+            return f"no save asked within {SAVE_WAIT} s of the stop"
+        time.sleep(rdzv.TICK)
     asked = os.stat(request).st_mtime_ns
     while time.time_ns() < asked + SAVE_WAIT * 10**9:
         with contextlib.suppress(OSError):  # the same coarse clock tick as the ask: a save
@@ -266,7 +273,7 @@ def ask_to_leave(addr: str, endpoint: str) -> str:
         if store.check([f"{rdzv.LEFT}{addr}"]):
             return "taken out"
         if store.check([rdzv.STOPPING]):
-            return "nothing to leave: the whole run stops (its save handshake goes on)"
+            return STOPS
         time.sleep(rdzv.TICK)
     return "not taken out in time"
 

@@ -70,6 +70,8 @@ CHECKPOINT_ENV = "CHECKPOINT_DIR"  # where it is mounted, as the workers' script
 SAVE_REQUEST = ".etoperator-save-request"
 SAVE_REPORT = ".etoperator-saved"
 SAVE_MARKER = ".etoperator-saves"
+# A torchrun launcher's own pod and namespace (rendezvous.py asks if its pod is being deleted)
+LAUNCHER_POD_ENV, LAUNCHER_NS_ENV = "ETOPERATOR_POD", "ETOPERATOR_NAMESPACE"
 SAVE_WAIT = 20  # seconds the launcher's preStop waits for the report (within its grace period)
 RENDEZVOUS_KEY = "rendezvous.py"  # a Torchrun job's rendezvous host
 LEAVE_KEY = "leave.py"  # a Torchrun job's workers' leave (their preStop), beside it

@@ -9,16 +9,23 @@ told through torch's own "nodes waiting" count (a membership change: no --max-re
 its hook hears so once they stopped their training, which its own would fail if it went
 first. A round closes as soon as it holds as many nodes as the host list (DISCOVER prints
 it), not after torch's 30 s last call. Once the save handshake's REQUEST is touched the run
-stops: leaves change nothing. Its exit is the run's: 0 once every agent passed torch's exit
-barrier, else 1. State edits go through torch's backend with its compare-and-set token, as
-its agents' do. What both sides of a leave share is here (leave.py loads this file)."""
+stops: leaves change nothing. So too once its own pod is being deleted (a whole stop deletes
+the launcher before the workers): a worker's leave can come before the launcher's preStop
+touched REQUEST (another node's kubelet), and taken as a membership change it restarted the
+training mid-step and the stop saved nothing. Its exit is the run's: 0 once every agent
+passed torch's exit barrier, else 1. State edits go through torch's backend with its
+compare-and-set token, as its agents' do. What both sides of a leave share is here (leave.py
+loads this file)."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import pickle
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +34,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import quote
 
 TICK = 0.1  # seconds between looks at the rendezvous (torchrun's agents look as often)
 LEAVES = "etoperator/leaves"  # a counter; leave n is at etoperator/leave/<n>
@@ -36,6 +44,10 @@ STOPPING = "etoperator/stopping"  # set once the run stops: a leave then changes
 STOP_HOLD = 60.0  # seconds a save request holds the run (examples/savepoint.py HOLD_MOST)
 MARKER_ADDR = "etoperator.planned-change"
 BARRIER = "torchelastic/agent/terminal_state/last_member"  # torch's exit barrier, once passed
+SAVES = ".etoperator-saves"  # beside REQUEST: the script saves when asked (naming.SAVE_MARKER)
+POD_ENV, NAMESPACE_ENV = "ETOPERATOR_POD", "ETOPERATOR_NAMESPACE"  # the launcher's (fieldRef)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+API_WITHIN = 1.0  # seconds for the apiserver's answer (a leave waits for it)
 
 
 def marker() -> Any:
@@ -108,13 +120,17 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = 
     backend = c10d.C10dRendezvousBackend(store, run_id)
     print(f"rendezvous {run_id} serving on port {port}", flush=True)
     seen, marked, said, started, stopping = 0, None, "", time.time(), False
+    deleted = False  # this launcher's pod is being deleted: the whole run stops
     pending: dict[str, int | None] = {}  # a leaving node: the round its peers still train in
     while True:
         time.sleep(TICK)
-        if stopping != stops(request, started):
+        if not (stopping or deleted) and store.add(LEAVES, 0) > seen and saves(request):
+            deleted = deleting()  # asked at each leave, before it is taken
+        if stopping != (deleted or stops(request, started)):
             stopping = not stopping
             store.set(STOPPING, "1") if stopping else store.delete_key(STOPPING)
-            print(f"the run stops: {stopping} (leaves change nothing then)", flush=True)
+            why = " (this launcher is being deleted)" if deleted else ""
+            print(f"the run stops: {stopping}{why} (leaves change nothing then)", flush=True)
         got = None if stopping else backend.get_state()
         if got is None:
             continue
@@ -152,6 +168,35 @@ def stops(request: str, started: float) -> bool:
         asked = os.stat(request).st_mtime if request != "-" else 0.0
         return started < asked > time.time() - STOP_HOLD
     return False
+
+
+def saves(request: str) -> bool:
+    """A save handshake whose script saves when asked: a stop is worth holding leaves for."""
+    return request != "-" and os.path.exists(os.path.join(os.path.dirname(request), SAVES))
+
+
+def deleting() -> bool:
+    """This launcher's pod is being deleted (its deletionTimestamp, read from the apiserver,
+    not a cache: the delete came before the workers'). False where it cannot tell."""
+    pod, ns = os.environ.get(POD_ENV), os.environ.get(NAMESPACE_ENV)
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not (pod and ns and host):
+        return False
+    port = int(os.environ.get("KUBERNETES_SERVICE_PORT", "443"))
+    try:
+        ctx = ssl.create_default_context(cafile=os.path.join(SA_DIR, "ca.crt"))
+        with open(os.path.join(SA_DIR, "token")) as f:  # re-read: the kubelet rotates it
+            token = f.read().strip()
+        conn = http.client.HTTPSConnection(host, port, timeout=API_WITHIN, context=ctx)
+        with contextlib.closing(conn):
+            headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+            conn.request("GET", f"/api/v1/namespaces/{quote(ns)}/pods/{quote(pod)}", None, headers)
+            resp = conn.getresponse()
+            got = json.loads(resp.read()) if resp.status == 200 else {}
+    except (OSError, ValueError) as failed:
+        print(f"could not tell whether this launcher is being deleted: {failed}", flush=True)
+        return False
+    return bool((got.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def describe(state: Any) -> str:

@@ -1,5 +1,6 @@
-"""The launcher's service account and the one permission it needs: reading and watching its
-ConfigMap (a list or watch with a metadata.name field selector is authorized by name)."""
+"""The launcher's service account and what it needs: reading and watching its ConfigMap (a
+list or watch with a metadata.name field selector is authorized by name); a torchrun
+launcher also reads its own pod (whether it is being deleted: rendezvous.py)."""
 
 from __future__ import annotations
 
@@ -21,21 +22,26 @@ def launcher_account(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
     }
 
 
-def launcher_role(job: str, namespace: str, owner: Owner) -> dict[str, Any]:
+def launcher_role(job: str, namespace: str, owner: Owner, own_pod: bool) -> dict[str, Any]:
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],  # plural: the singular grants nothing
+            "resourceNames": [naming.config_map_name(job)],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    if own_pod:
+        pod = [naming.launcher_name(job)]
+        rules.append({"apiGroups": [""], "resources": ["pods"], "resourceNames": pod,
+                      "verbs": ["get"]})  # fmt: skip
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": metadata(
             naming.launcher_sa_name(job), namespace, owner, naming.job_labels(job)
         ),
-        "rules": [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],  # plural: the singular grants nothing
-                "resourceNames": [naming.config_map_name(job)],
-                "verbs": ["get", "list", "watch"],
-            }
-        ],
+        "rules": rules,
     }
 
 
@@ -60,7 +66,7 @@ def launcher_rbac(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
     own), the Role and the binding."""
     account = launcher_service_account(spec, spec.launcher.template)
     wanted = [
-        launcher_role(spec.name, spec.namespace, owner),
+        launcher_role(spec.name, spec.namespace, owner, spec.torchrun),
         launcher_binding(spec.name, spec.namespace, owner, account),
     ]
     if account == naming.launcher_sa_name(spec.name):

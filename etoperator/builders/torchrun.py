@@ -153,6 +153,10 @@ def worker_pod(
     return pods.pod_of(name, spec, owner, spec.worker.template, labels, pod_spec)
 
 
+# Where the conductor reads whether its own pod is being deleted (a whole stop: rendezvous.py)
+OWN_POD = {naming.LAUNCHER_POD_ENV: "metadata.name", naming.LAUNCHER_NS_ENV: "metadata.namespace"}
+
+
 def launcher_pod(
     spec: JobSpec, owner: Owner, run: int, account: str, placement: Placement = ANYWHERE
 ) -> dict[str, Any]:
@@ -171,6 +175,9 @@ def launcher_pod(
         argv.append(request)
     first["command"] = ["sh", "-c", f'exec {PYTHON} -u {SCRIPT} "$@"', "rendezvous", *argv]
     first.pop("args", None)
+    first["env"] = [*(e for e in first.get("env") or [] if e.get("name") not in OWN_POD), *(
+        {"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in OWN_POD.items()
+    )]  # fmt: skip
     ports = [
         p for p in first.get("ports") or [] if p.get("containerPort") != spec.elastic.rdzv_port
     ]

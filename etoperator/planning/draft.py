@@ -209,7 +209,10 @@ class Draft:
     def stop_run(self, reason: str, message: str) -> None:
         """Every pod goes (a Horovod run's launcher first: runtimes.launcher_stops_first) and the
         run's membership with it; a running scale fails (spec replicas go back to the size
-        before it, for the next run)."""
+        before it, for the next run). A torchrun run's pods go in one pass, its launcher's
+        delete written first: a worker's leave that reaches the rendezvous before the
+        launcher's preStop asked for the save finds the launcher's pod being deleted
+        (rendezvous.py), not a membership change."""
         active = self.active_scaler()
         if active is not None:
             before = set(self.status.target_workers or []) ^ set(active.planned)
@@ -219,7 +222,7 @@ class Draft:
         first = runtimes.of(self.spec).launcher_stops_first
         saving = first and training
         now = []
-        for pod in self.inp.pods:
+        for pod in sorted(self.inp.pods, key=lambda p: p.role != naming.ROLE_LAUNCHER):
             running = pod.role == naming.ROLE_WORKER and pod.phase == "Running"
             if saving and running:
                 continue  # until the launcher, asking for a save as it stops, is gone

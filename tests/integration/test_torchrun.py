@@ -16,7 +16,7 @@ import yaml
 
 from etoperator import naming
 from localcluster import digits, torchtour
-from localcluster.manifests import scaleout, torchrun_job
+from localcluster.manifests import IMAGE, scaleout, torchrun_job
 from localcluster.queues import (
     KUEUE,
     MILLICPU,
@@ -44,11 +44,24 @@ def continued(s: Seen, size: int, since: float) -> None:
 
 
 def training(
-    cluster: Cluster, ns: str, request: pytest.FixtureRequest, save_every: int = SAVE_EVERY
+    cluster: Cluster,
+    ns: str,
+    request: pytest.FixtureRequest,
+    save_every: int = SAVE_EVERY,
+    apart: bool = False,
 ) -> Logbook:
-    """Job `tr` of 2 workers (1 to 4) training on; its rank 0's lines read all along."""
+    """Job `tr` of 2 workers (1 to 4) training on; its rank 0's lines read all along. `apart`:
+    the launcher on the first node, the workers on the second."""
     args = ["--steps", "100000", "--step-sleep", "0.1", "--save-every", str(save_every)]
-    cluster.create(torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4), ns)
+    body = torchrun_job("tr", 2, args, minReplicas=1, maxReplicas=4)
+    if apart:
+        first, second = ({"kubernetes.io/hostname": n} for n in cluster.node_names()[:2])
+        worker = body["spec"]["etReplicaSpecs"]["worker"]
+        worker["template"]["spec"]["nodeSelector"] = second
+        rendezvous = {"name": "rendezvous", "image": IMAGE, "imagePullPolicy": "IfNotPresent"}
+        launcher = {"containers": [rendezvous], "nodeSelector": first}
+        body["spec"]["etReplicaSpecs"]["launcher"] = {"template": {"spec": launcher}}
+    cluster.create(body, ns)
     book = reported(Logbook(cluster, ns, "tr"), request)
     book.wait_at(2, 0, 180)
     return book
@@ -285,8 +298,14 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     """A whole stop (spec.suspend) and a fresh run: the training saved as the run stopped (the
     launcher's save handshake, or the workers' SIGTERM) at a step's end, the job says which
     step, the claim outlived the run, and the new run resumes from it."""
-    book = training(cluster, ns, request, save_every=1000)
-    cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
+    book = training(cluster, ns, request, save_every=1000, apart=True)
+    # The launcher's node slow to act (its kubelet stopped): the workers' leaves reach the
+    # rendezvous before the launcher's preStop asks for the save. Taken as membership changes
+    # they restarted the training mid-step and the stop saved nothing; they wait for the save.
+    with cluster.paused_kubelet(cluster.obj("Pod", ns, "tr-launcher")["spec"]["nodeName"]):
+        cluster.api.patch(naming.JOB_KIND, ns, "tr", {"spec": {"suspend": True}})
+        answers = wait_for(lambda: leaves_answered(cluster, ns), 60, "the workers' leaves")
+    assert all("the whole run stops" in a for a in answers), answers
     # a stop waits out no grace period: the launcher ends at SIGTERM, each worker once it saved
     wait_for(lambda: not cluster.pods(ns, "tr", live=False), 15, "every pod gone")
     last = book.read().last()
@@ -299,6 +318,18 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     first = min((x for x in resumed.steps if x[3] > since), key=lambda x: x[3])
     assert first[0] == last[0] + 1, f"resumed at {first}, stopped after {last}"
     stopped_unseen(cluster, ns, book)
+
+
+def leaves_answered(cluster: Cluster, ns: str) -> list[str]:
+    """What each worker's leave was answered, once each was (none until then)."""
+    answers = []
+    for pod in ("tr-worker-0", "tr-worker-1"):
+        log = cluster.pod_log(ns, pod).split("leave: holding the agent", 1)[1:]
+        said = [x for x in "".join(log).splitlines() if x.startswith("leave: ")]
+        if not said:
+            return []
+        answers.append(said[0])
+    return answers
 
 
 def stopped_unseen(cluster: Cluster, ns: str, book: Logbook) -> None:

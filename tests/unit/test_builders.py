@@ -163,7 +163,7 @@ def test_discover_script_is_valid_sh_and_falls_back(tmp_path: Path) -> None:
 
 
 def test_rbac_names_plural_resource() -> None:
-    role = rbac.launcher_role("j", "ns", OWNER)
+    role = rbac.launcher_role("j", "ns", OWNER, own_pod=False)
     assert role["rules"] == [
         {
             "apiGroups": [""],
@@ -172,6 +172,10 @@ def test_rbac_names_plural_resource() -> None:
             "verbs": ["get", "list", "watch"],
         }
     ]
+    # a torchrun launcher reads its own pod too (whether it is being deleted), no other
+    own = rbac.launcher_role("j", "ns", OWNER, own_pod=True)["rules"][1:]
+    pod = {"apiGroups": [""], "resources": ["pods"], "resourceNames": ["j-launcher"]}
+    assert own == [{**pod, "verbs": ["get"]}]
     binding = rbac.launcher_binding("j", "ns", OWNER, "custom-sa")
     assert binding["subjects"][0]["name"] == "custom-sa"
 

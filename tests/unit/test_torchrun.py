@@ -75,6 +75,12 @@ def test_a_torchrun_launcher_holds_the_rendezvous_and_has_a_name() -> None:
     data = runtimes.of(spec).config_data(spec, ["tr-worker-0"])
     assert data[naming.RENDEZVOUS_KEY].startswith('"""The rendezvous of a torchrun job')
     assert data[naming.LEAVE_KEY].startswith('"""A torchrun worker\'s leave')  # beside it
+    # whether its own pod is being deleted (a whole stop): the names it reads are the pod's
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in pod["spec"]["containers"][0]["env"] if "valueFrom" in e}  # fmt: skip
+    assert env[rendezvous.POD_ENV] == "metadata.name"
+    assert env[rendezvous.NAMESPACE_ENV] == "metadata.namespace"
+    assert os.path.basename(rendezvous.SAVES) == naming.SAVE_MARKER  # the script's marker
 
 
 @pytest.mark.parametrize(
