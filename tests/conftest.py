@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from localcluster import runnotes
+from tests.support import machine
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -16,6 +17,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 RUN_NOTES = pytest.StashKey[str]()
+MACHINE_AT_START = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,6 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.close(fd)
         os.environ[runnotes.ENV] = path
         config.stash[RUN_NOTES] = path
+        config.stash[MACHINE_AT_START] = machine.snapshot()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -34,6 +37,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     waits, remarks = runnotes.read(path)
     os.unlink(path)
+    terminalreporter.section("the machine")
+    terminalreporter.line(f"at the start: {config.stash[MACHINE_AT_START]}")
+    terminalreporter.line(f"at the end: {machine.snapshot()}")
     if remarks:
         terminalreporter.section("remarks")
         for r in remarks:
