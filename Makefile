@@ -40,7 +40,7 @@ crds:
 	$(PY) -m etoperator.api.crds crds
 
 bench:
-	$(PY) -m bench
+	$(PY) -m bench $(ARGS)
 
 # The real-cluster tier: make cluster-test KUBECONFIG=~/.kube/config
 cluster-test:

@@ -33,6 +33,7 @@ GOAL = 10.0  # seconds, every figure under etoperator at 4 workers (p95)
 
 FirstAt = Callable[[int, float], float | None]  # (size, after) -> rank 0's first step then
 Took = dict[str, list[float]]
+Steps = Callable[[Chain, str], tuple[FirstAt, Any]]  # how a job's rank-0 steps are read
 
 
 def t1(tmp: Path, rounds: int) -> list[Row]:
@@ -55,13 +56,27 @@ def t1(tmp: Path, rounds: int) -> list[Row]:
 def t1_horovod(tmp: Path, rounds: int) -> list[Row]:
     """T1's Horovod figures alone (after a change of Horovod's build: the other two take
     most of an hour and do not move with it)."""
+    return t1_alone(tmp, rounds, horovod_body(), horovod_steps, "Horovod under etoperator", "")
+
+
+def t1_torchrun(tmp: Path, rounds: int) -> list[Row]:
+    """T1's Torchrun figures under etoperator alone (after a change of the agent, the
+    example or the operator's Torchrun side: torchrun as it is does not move with them)."""
+    body, goal = torchrun_body(plain=False), f"<= {GOAL:.0f} s at p95"
+    return t1_alone(tmp, rounds, body, torchrun_steps, "Torchrun under etoperator", goal)
+
+
+def t1_alone(
+    tmp: Path, rounds: int, body: dict[str, Any], steps: Steps, who: str, goal: str
+) -> list[Row]:
     c = start_chain(tmp / "chain", nodes=2)
     try:
-        horovod = measure(c, rounds, horovod_body(), horovod_steps, "Horovod")
+        took = measure(c, rounds, body, steps, who)
     finally:
         c.stop()
-    return [("T1", f"{kind} -> first step at the new size (Horovod under etoperator, "
-             f"{len(horovod[kind])})", spread(horovod[kind]), "") for kind in KINDS]  # fmt: skip
+    return [("T1", f"{kind} -> first step at the new size ({who}, {len(took[kind])})",
+             spread(took[kind]), goal)
+            for kind in KINDS]  # fmt: skip
 
 
 def torchrun_body(plain: bool) -> dict[str, Any]:
@@ -120,7 +135,7 @@ def measure(
     c: Chain,
     rounds: int,
     body: dict[str, Any],
-    steps: Callable[[Chain, str], tuple[FirstAt, Any]],
+    steps: Steps,
     who: str,
 ) -> Took:
     ns = c.new_namespace()
