@@ -113,11 +113,12 @@ def alone(cmd: list[str], ranks: int) -> Run:
     """`cmd` run to its end, its ranks weighing as the processes they are (as a job's pods do
     on their nodes)."""
     venv = Path(sys.executable).parent
-    with procs.cpus_of_their_own("static-run", ranks) as join:
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=900, preexec_fn=join,
-            env={**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"},
-        )  # fmt: skip
+    # Its own temporary directory, gone with it: torchrun's log directory and torch's compile
+    # cache stayed in the machine's /tmp otherwise.
+    with tempfile.TemporaryDirectory() as tmp, procs.cpus_of_their_own("static-run", ranks) as join:
+        env = {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, preexec_fn=join,
+                             env={**env, "TMPDIR": tmp})  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return Run(out.stdout)
 
