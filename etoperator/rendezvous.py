@@ -124,7 +124,8 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = 
     pending: dict[str, int | None] = {}  # a leaving node: the round its peers still train in
     while True:
         time.sleep(TICK)
-        if not (stopping or deleted) and store.add(LEAVES, 0) > seen and saves(request):
+        total = store.add(LEAVES, 0)  # leaves asked for so far (the ones since `seen` are new)
+        if not (stopping or deleted) and total > seen and saves(request):
             deleted = deleting()  # asked at each leave, before it is taken
         if stopping != (deleted or stops(request, started)):
             stopping = not stopping
@@ -135,7 +136,6 @@ def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = 
         if got is None:
             continue
         state, token = pickle.loads(got[0]), got[1]
-        total = store.add(LEAVES, 0)
         leaving = [store.get(f"{LEAVE}{n}").decode() for n in range(seen + 1, total + 1)]
         dropped = {addr: drop_nodes(state, addr) for addr in leaving}
         marked = state.round if any(dropped.values()) else marked
