@@ -52,8 +52,9 @@ else:
 
 def agents(addr: str) -> tuple[list[int], list[int]]:
     """The pids of the agents of `addr` (not their workers, not us): ours, then torchrun's as
-    it is. In a worker's container, its one agent."""
-    ours, theirs = list[int](), list[int]()
+    it is. In a worker's container, its one agent. Our agent's forkserver and workers are
+    forks of it (its argv, its environment): of ours, only those whose parent is not."""
+    ours, theirs, parents = list[int](), list[int](), dict[int, int]()
     mine = f"PET_LOCAL_ADDR={addr}".encode()
     our_argv = [os.path.join(os.path.dirname(os.path.abspath(__file__)), AGENT).encode()]
     for entry in os.listdir("/proc"):
@@ -73,9 +74,18 @@ def agents(addr: str) -> tuple[list[int], list[int]]:
             args = args[1:]
         if args[:1] == our_argv:
             ours.append(int(entry))
+            parents[int(entry)] = parent(int(entry))
         elif any(a.endswith(b"torchrun") or a == b"torch.distributed.run" for a in argv[:3]):
             theirs.append(int(entry))
-    return ours, theirs
+    return [pid for pid in ours if parents[pid] not in parents], theirs
+
+
+def parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])  # after the name, its state
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def say(line: str) -> None:

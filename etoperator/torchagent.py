@@ -1,10 +1,10 @@
 """A torchrun job's worker: torchrun's own parser, launch and agent, run from the job's
 ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with these differences:
 
-- its worker processes fork from a forkserver that imported torch once (the script run as
-  `python script.py` runs it): a restart at a membership change then costs no new Python and
-  no torch import, the most of a restart on a busy node. A start method, a module or no
-  Python asked for: torchrun as it is;
+- its worker processes fork from a forkserver, itself a fork of the agent after torch loaded
+  (the script run as `python script.py` runs it): a restart at a membership change then costs
+  no new Python and no torch import, the most of a restart on a busy node, and a pod's start
+  one import of torch. A start method, a module or no Python asked for: torchrun as it is;
 - it holds where it stands at HOLD, which the worker's leave (leave.py) sends: as its
   container's first process it gets no SIGSTOP sent from inside. A thread of it asks the
   launcher to take its node out when the leave hands it the ask (torch is loaded here, the
@@ -70,20 +70,19 @@ AS_IT_IS = ("--start-method", "--start_method", "--run-path", "--run_path", "--n
 def agent(argv: list[str]) -> int:
     signal.signal(HOLD, hold)  # first: a leave may come while torch loads
     signal.signal(signal.SIGTERM, ended)
-    watch_sigterm()
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.errors import record
-
-    flag_torch_handler()
-    look_often()
-    watcher = sibling().answer_leaves  # asks for the leave, torch loaded
-    threading.Thread(target=watcher, name="etoperator-leave", daemon=True).start()
 
     args = run.get_args_parser().parse_args(argv)
     options = argv[: len(argv) - len(args.training_script_args)]
     forked = not any(o.split("=", 1)[0] in AS_IT_IS for o in options)
     if forked and "PET_START_METHOD" not in os.environ and "PET_RUN_PATH" not in os.environ:
-        fork_workers(args)
+        fork_workers(args)  # before any thread of ours: the forkserver is a fork of this process
+    watch_sigterm()
+    flag_torch_handler()
+    look_often()
+    watcher = sibling().answer_leaves  # asks for the leave, torch loaded
+    threading.Thread(target=watcher, name="etoperator-leave", daemon=True).start()
     record(run.run)(args)
     return 0
 
@@ -190,19 +189,11 @@ def sibling() -> Any:
 
 def fork_workers(args: Any) -> None:
     """Workers forked from a forkserver that imported torch, each running the script."""
-    import multiprocessing
-    import multiprocessing.forkserver
-
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing import api
 
     args.run_path, args.start_method = True, "forkserver"
     run.run_script_path = run_script  # what torchrun runs for --run-path
-    if (
-        "OMP_NUM_THREADS" not in os.environ
-        and run.determine_local_world_size(args.nproc_per_node) > 1
-    ):  # as torchrun sets it, but before torch is loaded where the workers fork from
-        os.environ["OMP_NUM_THREADS"] = "1"
     close = api.MultiprocessContext._close
 
     def closing(self: Any, death_sig: signal.Signals, timeout: int = 30) -> None:
@@ -212,8 +203,36 @@ def fork_workers(args: Any) -> None:
         close(self, death_sig, timeout)
 
     api.MultiprocessContext._close = closing  # type: ignore[method-assign]
-    multiprocessing.set_forkserver_preload(["__main__", *PRELOAD])
-    multiprocessing.forkserver.ensure_running()  # torch imported while the round forms
+    fork_server()
+
+
+def fork_server() -> None:
+    """multiprocessing's forkserver, forked from this process where torch is loaded, not
+    spawned as a new Python that imported torch again (about 3 CPU-s a pod start here). It
+    loads the rest (PRELOAD) while the round forms; its workers take the thread count a new
+    process would (run_script)."""
+    from multiprocessing import connection, forkserver, resource_tracker
+
+    resource_tracker.ensure_running()
+    address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server ends when every holder of alive_w has
+        pid = os.fork()
+        if pid == 0:  # the server: the signals a new process has, never the agent's exit
+            try:
+                os.close(alive_w)
+                for sig in (signal.SIGTERM, HOLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                forkserver.main(listener.fileno(), alive_r, list(PRELOAD))
+            finally:
+                os._exit(0)
+    os.close(alive_r)
+    server: Any = forkserver._forkserver
+    server._forkserver_address, server._forkserver_alive_fd = address, alive_w
+    server._forkserver_pid = pid
 
 
 def run_script(training_script: str, *training_script_args: str) -> None:
@@ -222,6 +241,11 @@ def run_script(training_script: str, *training_script_args: str) -> None:
     import io
     import runpy
 
+    import torch
+
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # torchrun's, or the user's: read by OpenMP
+        torch.set_num_threads(int(threads))  # at its load, in the agent that forked this one
     path = training_script
     sys.argv = [path, *training_script_args]
     sys.path[0] = os.path.dirname(os.path.abspath(path))

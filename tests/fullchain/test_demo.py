@@ -36,6 +36,11 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+# buildah's storage: an image build (a cluster's start builds the images its sources changed,
+# in another test's process too) mounts its layers there while it runs; no node or pod does.
+BUILDS = "/var/lib/containers/storage"
+
+
 def host_state() -> dict[str, object]:
     """What a local cluster changes on this machine while it runs: the kubelet's sysctls, mounts,
     links (bridge, veths), network namespaces, cgroups, and the pods' network results containerd
@@ -45,7 +50,11 @@ def host_state() -> dict[str, object]:
     return {
         "cni results": sorted(p.name for p in results.iterdir()) if results.is_dir() else [],
         "sysctls": [(Path("/proc/sys") / k).read_text().strip() for k in sysctls],
-        "mounts": sorted(line.split()[4] for line in open("/proc/self/mountinfo")),
+        "mounts": sorted(
+            point
+            for point in (line.split()[4] for line in open("/proc/self/mountinfo"))
+            if not point.startswith(BUILDS)
+        ),
         "links": sorted(
             line.split(":")[1].strip()
             for line in subprocess.run(

@@ -226,8 +226,8 @@ def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
 ) -> None:
     """A suspension or an eviction: the launcher's save hook asks the training to save, and
     the workers' leaves come meanwhile. Taken, a leave would restart the others' training
-    mid-save (a membership change); none is, the hook returns without waiting for one, and
-    the leaving node stays in the round the run ends in."""
+    mid-save (a membership change); none is, the hook returns without waiting for one, the
+    leaving node stays in the round the run ends in and its own training goes on."""
     port, tmp_path, procs = world
     leaving, staying = two_agents(world)
     pid1 = first_process(leaving)
@@ -239,6 +239,10 @@ def test_a_leave_in_a_whole_stop_returns_at_once_and_restarts_no_one(
         time.sleep(0.05)
     assert hook(pid1, tmp_path, f"127.0.0.1:{port}").wait(timeout=60) == 0
     leaving.wait_for("leave: nothing to leave: the whole run stops")
+    # The hold is the agent's alone: its forkserver and worker (forks of it, its argv and
+    # environment) train on to the save; held as the agent was they died at once.
+    under = torchagent.descendants(int(pid1))
+    assert len(under) >= 2 and all(torchagent.alive(pid) for pid in under), under
     got = C10dRendezvousBackend(store, "r").get_state()
     assert got is not None
     assert {n.addr for n in pickle.loads(got[0]).participants} == {"127.0.0.2", "127.0.0.3"}
