@@ -82,10 +82,15 @@ def agents(addr: str) -> tuple[list[int], list[int]]:
 
 def parent(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])  # after the name, its state
+        return int(stat_fields(pid)[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the process's name (which may hold spaces), from its state on."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
 
 
 def say(line: str) -> None:
@@ -216,8 +221,8 @@ def started(pid: int) -> float:
     """When process `pid` started (seconds since the epoch), from its start tick and the
     uptime (to 10 ms; /proc/stat's boot time is whole seconds); now if it has ended."""
     try:
-        with open(f"/proc/{pid}/stat") as f, open("/proc/uptime") as u:
-            ticks, up = int(f.read().rsplit(")", 1)[1].split()[19]), float(u.read().split()[0])
+        with open("/proc/uptime") as u:
+            ticks, up = int(stat_fields(pid)[19]), float(u.read().split()[0])
     except OSError:
         return time.time()
     return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))

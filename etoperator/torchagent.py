@@ -211,9 +211,8 @@ def fork_server() -> None:
     spawned as a new Python that imported torch again (about 3 CPU-s a pod start here). It
     loads the rest (PRELOAD) while the round forms; its workers take the thread count a new
     process would (run_script)."""
-    from multiprocessing import connection, forkserver, resource_tracker
+    from multiprocessing import connection, forkserver
 
-    resource_tracker.ensure_running()
     address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)
