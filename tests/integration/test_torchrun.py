@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,10 @@ def reported(book: Logbook, request: pytest.FixtureRequest) -> Logbook:
 
 @pytest.fixture
 def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[None]:
-    """A failed test shows what the job's pods said (rank 0's lines, torch's own)."""
+    """A failed test shows what its jobs' pods said (rank 0's lines, torch's own)."""
     yield
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        for pod in cluster.pods(ns, "tr", live=False):
+        for pod in sorted(p["metadata"]["name"] for p in cluster.api.list("Pod", ns)):
             lines = [x for x in cluster.pod_log(ns, pod).splitlines() if not x.startswith(NOISE)]
             print(f"--- {pod} ---\n" + "\n".join(lines[-40:]))
 
@@ -158,7 +159,7 @@ def test_the_demo_s_torchrun_tour_trains_every_sample_and_matches_a_static_run(
 
 
 def test_a_torchrun_job_that_ends_succeeds_and_its_run_ends_with_it(
-    cluster: Cluster, ns: str
+    cluster: Cluster, ns: str, logs: None
 ) -> None:
     """The launcher's exit is the run's: every agent passed torch's exit barrier. The
     checkpoint is on the job's claim, a volume the local-path provisioner made. Its workers
@@ -307,7 +308,7 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
         answers = wait_for(lambda: leaves_answered(cluster, ns), 60, "the workers' leaves")
     assert all("the whole run stops" in a for a in answers), answers
     # a stop waits out no grace period: the launcher ends at SIGTERM, each worker once it saved
-    wait_for(lambda: not cluster.pods(ns, "tr", live=False), 15, "every pod gone")
+    assert gone_before_their_grace(cluster, ns) == [], "waited out its grace period"
     last = book.read().last()
     assert last is not None and last[0] < 1000  # no periodic save yet: only the stop's
     saved = cluster.status(ns, "tr").get("lastSaved") or {}
@@ -318,6 +319,29 @@ def test_a_suspended_torchrun_job_resumes_from_where_it_stopped(
     first = min((x for x in resumed.steps if x[3] > since), key=lambda x: x[3])
     assert first[0] == last[0] + 1, f"resumed at {first}, stopped after {last}"
     stopped_unseen(cluster, ns, book)
+
+
+def gone_before_their_grace(cluster: Cluster, ns: str) -> list[str]:
+    """Waits until the test's pods are gone; names those seen after their deletionTimestamp
+    (the apiserver's deletion moment plus the grace period: the kubelet's SIGKILL). Judged by
+    each pod's own deadline, not a fixed wait a loaded machine overruns."""
+    deadlines: dict[str, datetime] = {}
+    late: set[str] = set()
+
+    def gone() -> bool:
+        now = datetime.now(UTC)  # before the list: a pod it shows was there then
+        pods = cluster.api.list("Pod", ns)
+        for pod in pods:
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp"):
+                deadlines[meta["name"]] = datetime.fromisoformat(meta["deletionTimestamp"])
+            # a second's slack: the timestamp is whole seconds
+            if meta["name"] in deadlines and now > deadlines[meta["name"]] + timedelta(seconds=1):
+                late.add(meta["name"])
+        return not pods
+
+    wait_for(gone, 90, "every pod gone")
+    return sorted(late)
 
 
 def leaves_answered(cluster: Cluster, ns: str) -> list[str]:
