@@ -8,14 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from etoperator import naming
+from etoperator import clock, naming
 from localcluster import digits, torchtour
 from localcluster.manifests import IMAGE, scaleout, torchrun_job
 from localcluster.queues import (
@@ -325,19 +325,16 @@ def gone_before_their_grace(cluster: Cluster, ns: str) -> list[str]:
     """Waits until the test's pods are gone; names those seen after their deletionTimestamp
     (the apiserver's deletion moment plus the grace period: the kubelet's SIGKILL). Judged by
     each pod's own deadline, not a fixed wait a loaded machine overruns."""
-    deadlines: dict[str, datetime] = {}
     late: set[str] = set()
 
     def gone() -> bool:
-        now = datetime.now(UTC)  # before the list: a pod it shows was there then
+        now = clock.utcnow()  # before the list: a pod it shows was there then
         pods = cluster.api.list("Pod", ns)
         for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                deadlines[meta["name"]] = datetime.fromisoformat(meta["deletionTimestamp"])
+            deadline = clock.parse_iso(pod["metadata"].get("deletionTimestamp"))
             # a second's slack: the timestamp is whole seconds
-            if meta["name"] in deadlines and now > deadlines[meta["name"]] + timedelta(seconds=1):
-                late.add(meta["name"])
+            if deadline is not None and now > deadline + timedelta(seconds=1):
+                late.add(pod["metadata"]["name"])
         return not pods
 
     wait_for(gone, 90, "every pod gone")
