@@ -161,8 +161,9 @@ def hand_over(pid: int, endpoint: str) -> bool:
     try:
         if os.stat(asking(pid) + ".ready").st_mtime < started(pid) - 1:
             return False  # an earlier agent's, whose pid this one has
-        with open(asking(pid), "w") as f:
+        with open(asking(pid) + ".part", "w") as f:  # whole when its watcher sees it
             f.write(endpoint)
+        os.replace(asking(pid) + ".part", asking(pid))
     except OSError:
         return False
     return True
@@ -195,18 +196,25 @@ def answer_leaves() -> None:
         open(path + ".ready", "w").close()
     except OSError:
         return  # a read-only /tmp: no `.ready`, the hook asks itself
-    while not os.path.exists(path):
-        time.sleep(rdzv.TICK)
+    endpoint = handed_endpoint(path)
     start = time.monotonic()
     try:
-        with open(path) as f:
-            endpoint = f.read()
         said = f"ok {ask_to_leave(os.environ['PET_LOCAL_ADDR'], endpoint)}"
     except Exception as failed:
         said = f"failed {type(failed).__name__}: {failed}"
-    with open(path + ".part", "w") as f:
+    with open(path + ".answer.part", "w") as f:
         f.write(f"{said} (asked by the agent in {time.monotonic() - start:.1f} s)")
-    os.replace(path + ".part", path + ".answer")
+    os.replace(path + ".answer.part", path + ".answer")
+
+
+def handed_endpoint(path: str) -> str:
+    """The endpoint a hook hands over at `path`, once written whole: a file seen between its
+    open and its write is empty (its port read as int('') failed the leave)."""
+    while True:
+        with contextlib.suppress(FileNotFoundError), open(path) as f:
+            if (endpoint := f.read()).rpartition(":")[2].isdigit():
+                return endpoint
+        time.sleep(rdzv.TICK)
 
 
 def end_agents(pids: list[int]) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import socket
 import tempfile
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -262,3 +265,30 @@ def test_a_leave_watcher_with_no_temporary_directory_to_write_ends_quietly(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "gone"))
     leave.answer_leaves()
     assert not leave.hand_over(os.getpid(), "launcher:29400")
+
+
+def test_a_leave_watcher_asks_only_once_the_hook_wrote_the_whole_endpoint(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The hook's hand-over file exists, empty, before its endpoint is written: the watcher
+    read it then and answered "ValueError: invalid literal for int()" (a leave in a whole
+    stop, in CI, said the launcher did not answer). It asks the endpoint once it is whole."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with socket.socket() as s:  # a port nothing listens on: "the launcher is gone"
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PET_LOCAL_ADDR", "127.0.0.2")
+    watcher = threading.Thread(target=leave.answer_leaves, daemon=True)
+    watcher.start()
+    path = Path(leave.asking(os.getpid()))
+    deadline = time.monotonic() + 10
+    while not Path(f"{path}.ready").exists():
+        assert time.monotonic() < deadline, "the watcher never got ready"
+        time.sleep(0.01)
+    with open(path, "w") as f:  # opened, its endpoint not written yet
+        f.flush()
+        time.sleep(3 * rendezvous.TICK)
+        f.write(f"127.0.0.1:{port}")
+    watcher.join(10)
+    answer = Path(f"{path}.answer").read_text()
+    assert answer.startswith("ok nothing to leave: the launcher is gone"), answer
