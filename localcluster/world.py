@@ -8,7 +8,9 @@ nodes and the operator as a process: thousands of pods that run nothing), and th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -217,6 +219,23 @@ class World:
     def pod_log(self, ns: str, name: str) -> str:
         """What the pod's container printed so far (real nodes: read from the node's files)."""
         return self.local.pod_log(ns, name)
+
+    def stacks(self, ns: str, name: str) -> str:
+        """Where each Python process of the pod stands, every thread (py-spy, from this
+        machine): what a pod that hangs is waiting in, which its log does not say."""
+        spy = Path(sys.executable).with_name("py-spy")
+        said = []
+        for pid in self.local.pod_pids(ns, name):
+            try:
+                if "python" not in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
+                    continue
+                out = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                                     text=True, timeout=30)  # fmt: skip
+            except (OSError, subprocess.SubprocessError) as failed:
+                said.append(f"pid {pid}: {failed}")
+                continue
+            said.append(out.stdout.strip() or f"pid {pid}: {out.stderr.strip()}")
+        return "\n".join(said)
 
     def pod_log_since(self, ns: str, name: str, read: LogsRead) -> str:
         """What the pod printed since `read` was last given for it (a poller's read)."""

@@ -89,6 +89,7 @@ def logs(cluster: Cluster, ns: str, request: pytest.FixtureRequest) -> Iterator[
         for pod in sorted(p["metadata"]["name"] for p in cluster.api.list("Pod", ns)):
             lines = [x for x in cluster.pod_log(ns, pod).splitlines() if not x.startswith(NOISE)]
             print(f"--- {pod} ---\n" + "\n".join(lines[-40:]))
+            print(f"--- {pod}: where its processes stand ---\n{cluster.stacks(ns, pod)}")
 
 
 def test_the_demo_s_torchrun_tour_trains_every_sample_and_matches_a_static_run(
