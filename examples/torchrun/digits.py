@@ -47,6 +47,7 @@ from savepoint import SaveRequests, hold, write_whole
 
 CHECKPOINT = "digits.pt"
 PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's stop
+LIVES_WITH_THE_PROCESS: list[Any] = []  # train.py says why
 
 
 class State:
@@ -119,6 +120,7 @@ class Run:
         self.state = State(model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
         self.state.load(args.checkpoints)
         self.ddp = DistributedDataParallel(model)
+        LIVES_WITH_THE_PROCESS.append(self.ddp)  # as train.py's: no teardown mid-flight
         self.requests = SaveRequests(args.checkpoints if self.rank == 0 else "")
         self.log, self.started = sample_log(args.log_samples), int(time.time() * 1000)
         signal.signal(signal.SIGTERM, self.stopped)

@@ -6,7 +6,8 @@ model, the optimizer, the step, the position in the epoch), trains on at the new
 and saves atomically every --save-every steps and when it is stopped at a step's end (the
 SIGTERM torchrun's agent sends before a restart). What a user's own script needs is the same
 few lines: `load()` at start, `save()` every few steps and on SIGTERM, and a short wait for
-the agent's stop when a collective fails (PEER_GRACE).
+the agent's stop when a collective fails (PEER_GRACE), and the DDP model kept for the
+process's life (LIVES_WITH_THE_PROCESS).
 
 The data set is generated (a fixed random teacher network labels Gaussian inputs, sample i
 from seed i), so it runs offline and every sample has a number: an epoch is samples
@@ -42,6 +43,11 @@ from savepoint import SaveRequests, hold, write_whole  # examples/, beside this 
 FEATURES, CLASSES = 32, 4
 CHECKPOINT = "checkpoint.pt"
 PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's stop
+# The DDP model lives as long as the process: torch's teardown of it (its reducer, then gloo's
+# process group) holds the GIL while it waits for gloo's threads, one of which may still be
+# releasing the last step's work and need the GIL: the process hung at its end (the run never
+# ended) or at a stop's SIGTERM. A process that ends frees it whole.
+LIVES_WITH_THE_PROCESS: list[Any] = []
 
 
 def samples(first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +133,7 @@ def main() -> int:
             flush=True,
         )
     ddp = DistributedDataParallel(model)  # a broadcast: every rank of the round takes part
+    LIVES_WITH_THE_PROCESS.append(ddp)
     print(f"RANK {rank}/{world} ready t={time.time():.3f}", flush=True)
     requests = SaveRequests(args.checkpoints if rank == 0 else "")
 

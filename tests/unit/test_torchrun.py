@@ -3,13 +3,18 @@ torch's real state class)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +26,13 @@ from etoperator import leave, naming, rendezvous, torchagent
 from etoperator.api.fields import InvalidSpec
 from etoperator.api.models import parse_job
 from etoperator.builders import runtimes
+from etoperator.builders import torchrun as tr
 from etoperator.builders.common import Owner
 from localcluster.manifests import torchrun_job
 
 OWNER = Owner("TrainingJob", "tr", "uid-1")
+RUNS_THAT_END = 6  # one in four hung before (test_every_run_of_the_example_ends)
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "torchrun" / "train.py")
 
 
 def body(**worker: Any) -> dict[str, Any]:
@@ -292,3 +300,58 @@ def test_a_leave_watcher_asks_only_once_the_hook_wrote_the_whole_endpoint(
     watcher.join(10)
     answer = Path(f"{path}.answer").read_text()
     assert answer.startswith("ok nothing to leave: the launcher is gone"), answer
+
+
+def test_every_run_of_the_example_ends(tmp_path: Path) -> None:
+    """The example's training as a job runs it (two nodes of one process each, our agent and
+    rendezvous) ends, each run of it. Its DDP model torn down at the script's end (torch's
+    teardown holds the GIL while it waits for gloo's threads, one of which may still need the
+    GIL to release the last step's work) hung 8 runs of 30 here: a job Running for ever
+    after its last step, its finished node's agent in the exit barrier."""
+    with ThreadPoolExecutor(2) as pool:  # two at a time: a loaded machine widens the race
+        ends = list(pool.map(lambda n: a_run_ends(tmp_path / str(n), n), range(RUNS_THAT_END)))
+    hung = [n for n, end in enumerate(ends) if not end]
+    assert not hung, f"runs {hung} of {RUNS_THAT_END} never ended"
+
+
+def a_run_ends(d: Path, n: int) -> bool:
+    d.mkdir()
+    discover = d / "discover"
+    discover.write_text("#!/bin/sh\necho a\necho b\n")
+    discover.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve = [sys.executable, rendezvous.__file__, "serve", str(port), f"r{n}", "1", str(discover)]
+    procs = [subprocess.Popen(serve, stdout=subprocess.PIPE, text=True, start_new_session=True)]
+    try:
+        assert procs[0].stdout is not None and "serving" in procs[0].stdout.readline()
+        argv = [sys.executable, torchagent.__file__, EXAMPLE, "--steps=20", f"--checkpoints={d}"]
+        for addr in ("127.0.0.2", "127.0.0.3"):
+            procs.append(subprocess.Popen(argv, env=node_env(d, port, n, addr), text=True,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True))  # fmt: skip
+        deadline = time.monotonic() + 60
+        return all(ended(p, deadline) for p in procs[1:])
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def node_env(d: Path, port: int, n: int, addr: str) -> dict[str, str]:
+    """What a worker pod's agent is given (agent_env), for a node at `addr`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_NUM_THREADS"))}
+    conf = f"is_host=false,keep_alive_interval={tr.KEEP_ALIVE}"
+    conf += f",keep_alive_max_attempt={tr.KEEP_ALIVE_MISSED}"
+    return {**env, "PET_NNODES": "1:4", "PET_NPROC_PER_NODE": "1", "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_ID": f"r{n}",
+            "PET_RDZV_CONF": conf, "PET_LOCAL_ADDR": addr, "TMPDIR": str(d)}  # fmt: skip
+
+
+def ended(proc: subprocess.Popen[str], deadline: float) -> bool:
+    try:
+        return proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0
+    except subprocess.TimeoutExpired:
+        return False
