@@ -161,9 +161,10 @@ def hand_over(pid: int, endpoint: str) -> bool:
     try:
         if os.stat(asking(pid) + ".ready").st_mtime < started(pid) - 1:
             return False  # an earlier agent's, whose pid this one has
-        with open(asking(pid) + ".part", "w") as f:  # whole when its watcher sees it
+        path = asking(pid)
+        with open(path + ".part", "w") as f:  # whole when its watcher sees it
             f.write(endpoint)
-        os.replace(asking(pid) + ".part", asking(pid))
+        os.replace(path + ".part", path)
     except OSError:
         return False
     return True

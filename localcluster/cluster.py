@@ -25,7 +25,7 @@ from localcluster.hollow import HollowNodes
 from localcluster.kueue import Kueue
 from localcluster.network import SLOTS, Network, claim_slot, free_slots, machine_lock
 from localcluster.node import LogsRead, RealNode, release_namespaces_dir, restore_sysctls
-from localcluster.nodeclean import reclaim, tree_pids
+from localcluster.nodeclean import reclaim
 from localcluster.nodes import Nodes, wait_ready
 from localcluster.operatorproc import OPERATOR_NS as OPERATOR_NS
 from localcluster.operatorproc import OPERATOR_SA as OPERATOR_SA
@@ -258,9 +258,7 @@ class LocalCluster:
     def pod_pids(self, ns: str, name: str) -> list[int]:
         """This machine's pids of a pod's container processes (none: not placed, or gone)."""
         placed = self._placed(ns, name)
-        if placed is None:
-            return []
-        return [pid for cg in placed[0].pod_cgroups(placed[1]) for pid in tree_pids(cg)]
+        return [] if placed is None else placed[0].pod_pids(placed[1])
 
     def pod_log(self, ns: str, name: str) -> str:
         """The pod's output so far, from its node's log files (cheap enough to poll: where a pod

@@ -343,15 +343,18 @@ class RealNode:
         slug = "pod" + uid
         return [Path(d) for d, _, _ in os.walk(base) if Path(d).name.startswith(slug)]
 
+    def pod_pids(self, uid: str) -> list[int]:
+        """This machine's pids of a pod's container processes."""
+        return [pid for cg in self.pod_cgroups(uid) for pid in tree_pids(cg)]
+
     def kill_pod_processes(self, uid: str, sig: int = signal.SIGKILL) -> int:
         """Kill every process of a pod's containers, as the OOM killer or a crash would; the
         runtime sees its containers exit. Returns how many processes were signalled."""
         count = 0
-        for cg in self.pod_cgroups(uid):
-            for pid in tree_pids(cg):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-                    count += 1
+        for pid in self.pod_pids(uid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                count += 1
         return count
 
     # -- stop ----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import copy
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from etoperator.builders import runtimes
 from etoperator.builders import torchrun as tr
 from etoperator.builders.common import Owner
 from localcluster.manifests import torchrun_job
+from localcluster.procs import free_port
 
 OWNER = Owner("TrainingJob", "tr", "uid-1")
 RUNS_THAT_END = 6  # one in four hung before (test_every_run_of_the_example_ends)
@@ -182,17 +182,10 @@ def test_the_rendezvous_host_stops_at_sigterm_as_a_container_s_first_process() -
     """A container's first process gets no default signal action: the launcher must end at
     the kubelet's SIGTERM itself, not wait out the grace period for its SIGKILL."""
     import shutil
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
 
     if not shutil.which("unshare") or os.geteuid() != 0:
         pytest.skip("needs unshare and root for a PID namespace")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-u", rendezvous.__file__, "serve", str(port), "r", "1", "-"]
     # unshare forks the server as PID 1 of a new PID namespace; its parent passes signals on
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", *argv],
@@ -229,9 +222,6 @@ sys.exit(int(sys.argv[2]))
 
 
 def run_agent(tmp_path: Path, code: int, *options: str) -> tuple[int, dict[str, str]]:
-    import subprocess
-    import sys
-
     (tmp_path / "script.py").write_text(WORKER)
     (tmp_path / "helper.py").write_text("WORD = 'found'\n")
     out = tmp_path / "out"
@@ -282,9 +272,7 @@ def test_a_leave_watcher_asks_only_once_the_hook_wrote_the_whole_endpoint(
     read it then and answered "ValueError: invalid literal for int()" (a leave in a whole
     stop, in CI, said the launcher did not answer). It asks the endpoint once it is whole."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with socket.socket() as s:  # a port nothing listens on: "the launcher is gone"
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on: "the launcher is gone"
     monkeypatch.setenv("PET_LOCAL_ADDR", "127.0.0.2")
     watcher = threading.Thread(target=leave.answer_leaves, daemon=True)
     watcher.start()
@@ -319,10 +307,9 @@ def a_run_ends(d: Path, n: int) -> bool:
     discover = d / "discover"
     discover.write_text("#!/bin/sh\necho a\necho b\n")
     discover.chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve = [sys.executable, rendezvous.__file__, "serve", str(port), f"r{n}", "1", str(discover)]
+    port = free_port()
+    run_id = tr.run_id(parse_job(body()), n)
+    serve = [sys.executable, rendezvous.__file__, "serve", str(port), run_id, "1", str(discover)]
     procs = [subprocess.Popen(serve, stdout=subprocess.PIPE, text=True, start_new_session=True)]
     try:
         assert procs[0].stdout is not None and "serving" in procs[0].stdout.readline()
@@ -341,13 +328,12 @@ def a_run_ends(d: Path, n: int) -> bool:
 
 
 def node_env(d: Path, port: int, n: int, addr: str) -> dict[str, str]:
-    """What a worker pod's agent is given (agent_env), for a node at `addr`."""
+    """What a worker pod's agent is given (agent_env, run `n`), for a node at `addr` with the
+    rendezvous on this machine's `port`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "OMP_NUM_THREADS"))}
-    conf = f"is_host=false,keep_alive_interval={tr.KEEP_ALIVE}"
-    conf += f",keep_alive_max_attempt={tr.KEEP_ALIVE_MISSED}"
-    return {**env, "PET_NNODES": "1:4", "PET_NPROC_PER_NODE": "1", "PET_RDZV_BACKEND": "c10d",
-            "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}", "PET_RDZV_ID": f"r{n}",
-            "PET_RDZV_CONF": conf, "PET_LOCAL_ADDR": addr, "TMPDIR": str(d)}  # fmt: skip
+    pod = {e["name"]: e["value"] for e in tr.agent_env(parse_job(body()), n) if "value" in e}
+    pod.update(PET_RDZV_ENDPOINT=f"127.0.0.1:{port}", PET_LOCAL_ADDR=addr, TMPDIR=str(d))
+    return {**env, **pod}
 
 
 def ended(proc: subprocess.Popen[str], deadline: float) -> bool:
