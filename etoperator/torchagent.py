@@ -10,6 +10,8 @@ ConfigMap with the job's image (`torchagent.py TORCHRUN-ARGS`), with these diffe
   launcher to take its node out when the leave hands it the ask (torch is loaded here, the
   hook's own Python would import it);
 - a waiting agent looks at its forming round every LOOK_EVERY seconds, not every second;
+- its workers' process groups are never torn down (HELD): torch's teardown can hang a worker
+  at its script's end;
 - it ends within seconds of a SIGTERM though its main thread is held in a call to the store
   (a launcher gone in a whole stop), where a Python handler would wait for the call's timeout
   and its pod for the kubelet's SIGKILL. docs/torchrun.md.
@@ -234,6 +236,29 @@ def fork_server() -> None:
     server._forkserver_pid = pid
 
 
+# A worker's process groups, kept from the script's destroy_process_group until the worker
+# ends (by os._exit: nothing torn down). Torch's teardown of a group's last reference (most
+# often a DDP model's reducer, freed as the script's main() returns) holds the GIL while it
+# waits for gloo's threads, one of which may need the GIL to release the last step's work:
+# the worker hung for ever, its job Running after its last step (8 runs of 30 here).
+HELD: list[Any] = []
+
+
+def hold_process_groups() -> None:
+    """destroy_process_group as torch's, that keeps what it destroys: shut down, not freed."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    destroy = c10d.destroy_process_group
+
+    def destroy_held(group: Any = None) -> None:
+        whole = group is None or group is c10d.GroupMember.WORLD
+        HELD.extend(list(c10d._world.pg_map) if whole else [group])
+        destroy(group)
+
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_held
+
+
 def run_script(training_script: str, *training_script_args: str) -> None:
     """A worker process: the script as `python -u path args` runs it. Its sys.exit(0) is a
     return (torch's agent waits for the function's return value)."""
@@ -242,6 +267,7 @@ def run_script(training_script: str, *training_script_args: str) -> None:
 
     import torch
 
+    hold_process_groups()
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:  # torchrun's, or the user's: read by OpenMP
         torch.set_num_threads(int(threads))  # at its load, in the agent that forked this one

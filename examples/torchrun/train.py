@@ -6,8 +6,8 @@ model, the optimizer, the step, the position in the epoch), trains on at the new
 and saves atomically every --save-every steps and when it is stopped at a step's end (the
 SIGTERM torchrun's agent sends before a restart). What a user's own script needs is the same
 few lines: `load()` at start, `save()` every few steps and on SIGTERM, and a short wait for
-the agent's stop when a collective fails (PEER_GRACE), and the DDP model kept for the
-process's life (LIVES_WITH_THE_PROCESS).
+the agent's stop when a collective fails (PEER_GRACE); under plain torchrun also the DDP model
+kept for the process's life (LIVES_WITH_THE_PROCESS: etoperator's agent guards every script).
 
 The data set is generated (a fixed random teacher network labels Gaussian inputs, sample i
 from seed i), so it runs offline and every sample has a number: an epoch is samples
@@ -46,7 +46,8 @@ PEER_GRACE = 5.0  # seconds a rank whose peer stopped waits for its own agent's 
 # The DDP model lives as long as the process: torch's teardown of it (its reducer, then gloo's
 # process group) holds the GIL while it waits for gloo's threads, one of which may still be
 # releasing the last step's work and need the GIL: the process hung at its end (the run never
-# ended) or at a stop's SIGTERM. A process that ends frees it whole.
+# ended) or at a stop's SIGTERM. A process that ends frees it whole. etoperator's agent holds
+# every worker's process groups to the same end (docs/torchrun.md); plain torchrun does not.
 LIVES_WITH_THE_PROCESS: list[Any] = []
 
 
