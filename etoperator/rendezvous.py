@@ -30,7 +30,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from types import SimpleNamespace
@@ -111,13 +111,22 @@ def count_hosts(discover: str) -> int:
     return len([line for line in out.splitlines() if line.strip()])
 
 
+def torch_store() -> tuple[Any, Any]:
+    """torch's TCPStore and c10d backend, loaded with the cycle collector off and what loading
+    made frozen out of its sweeps (torchagent.unswept says why: 2.0 -> 1.4 CPU-s here)."""
+    gc.disable()
+    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
+
+    gc.freeze()
+    gc.enable()
+    return TCPStore, c10d
+
+
 def serve(port: int, run_id: str, min_nodes: int, discover: str, request: str = "-") -> int:
     """DISCOVER "-": the store alone, torch's own timeouts (torchrun as it is). REQUEST: the
     save handshake's file, touched as the run stops; a leave then would restart the others."""
-    with unswept():
-        from torch._C._distributed_c10d import TCPStore
-        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d
-
+    TCPStore, c10d = torch_store()
     store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False)
     backend = c10d.C10dRendezvousBackend(store, run_id)
     print(f"rendezvous {run_id} serving on port {port}", flush=True)
@@ -207,19 +216,6 @@ def describe(state: Any) -> str:
     said = f"round {state.round} {what}: {len(state.participants)} nodes [{nodes}]"
     waiting = sorted(n.addr for n in state.wait_list)
     return f"{said}, waiting [{','.join(waiting)}]" if waiting else said
-
-
-@contextlib.contextmanager
-def unswept() -> Iterator[None]:
-    """Imports of torch with Python's cycle collector off, what they made then frozen out of its
-    sweeps (and of later processes' forked from here): sweeps were a third of an import of
-    torch's elastic parts (3.5 -> 2.3 CPU-s here), and a pod's start is mostly imports."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def stop(signum: int, _frame: object) -> None:
